@@ -592,6 +592,15 @@ class WalWriter:
 # ---------------------------------------------------------------------------------------------
 # Reader
 
+@dataclass
+class WalBlock:
+    """Whole, verified records read from one file: `data[scan.offsets[i]:]` is record i."""
+
+    file: WalFile
+    offset: int      # where data starts in the file
+    data: bytes
+    scan: object     # vrepl._core.record.ScanResult, offsets relative to data
+
 class WalReader:
     """Reads a WAL directory from a given version, verifying every record it returns.
 
@@ -614,9 +623,8 @@ class WalReader:
         k = min((version - first) // INDEX_STRIDE_RECORDS, len(sample) - 1)
         return int(sample[k])
 
-    def iter_blocks(self, from_version: int = 1) -> Iterator[tuple[WalFile, bytes, object]]:
-        """Yield (file, block, scan) with whole records of versions >= from_version, in order;
-        `scan` indexes the block (offsets relative to it)."""
+    def iter_blocks(self, from_version: int = 1) -> Iterator[WalBlock]:
+        """Yield WalBlocks with whole records of versions >= from_version, in order."""
         files = list_wal_files(self.directory)
         expect = 0
         for wf in files:
@@ -662,7 +670,7 @@ class WalReader:
                             block = data[b0:scan.end]
                             sub = _rec.scan(block, max_payload_len=self.max_record_bytes,
                                             verify_payload=False)
-                            yield wf, block, sub
+                            yield WalBlock(wf, pos + b0, block, sub)
                     carry = data[scan.end:]
                     pos += scan.end
                     if at_eof or stop_here:
@@ -672,9 +680,9 @@ class WalReader:
 
     def iter_records(self, from_version: int = 1) -> Iterator[_rec.Record]:
         """Yield every record with version >= from_version, in order."""
-        for _wf, block, scan in self.iter_blocks(from_version):
-            for off in scan.offsets:
-                yield _rec.decode_record(block, int(off), self.max_record_bytes)
+        for blk in self.iter_blocks(from_version):
+            for off in blk.scan.offsets:
+                yield _rec.decode_record(blk.data, int(off), self.max_record_bytes)
 
 
 def read_records(directory: str, from_version: int = 1) -> list[_rec.Record]:

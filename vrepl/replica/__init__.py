@@ -1,0 +1,63 @@
+"""vrepl.replica: the replication state machine in plain Python (docs/design.md).
+
+Owns the protocol: election with epochs (election.py), forwarding and acks (forward.py),
+log matching (history.py), the arbitrator lease rules (lease.py), and `Replica`
+(replica.py), which turns events into actions. Must not import asyncio, socket, time,
+random, threading, select or selectors (tests/unit/test_replica_imports.py checks).
+"""
+
+from vrepl.replica.actions import (
+    Action,
+    ConfirmForward,
+    ConfirmStatus,
+    FlowControl,
+    Log,
+    LogLevel,
+    NotifyRole,
+    PersistPromisedEpoch,
+    PersistRecords,
+    RequestArbitratorGrant,
+    ResetConnection,
+    Send,
+    StreamWalFrom,
+    TruncateWalAfter,
+    WriteToCache,
+)
+from vrepl.replica.events import (
+    AppAcked,
+    AppForward,
+    ArbitratorConnected,
+    ArbitratorGranted,
+    ArbitratorLost,
+    ArbitratorRefused,
+    Event,
+    PeerConnected,
+    PeerDisconnected,
+    Received,
+    RestoreFinished,
+    TruncateDone,
+    WalPersisted,
+)
+from vrepl.replica.invariant import InvariantViolation, invariant
+from vrepl.replica.lease import LeaseTable
+from vrepl.replica.messages import (
+    NO_NODE,
+    AckStatus,
+    ArbitratorGrant,
+    ArbitratorRequest,
+    Forward,
+    ForwardAck,
+    ForwardBatch,
+    Heartbeat,
+    PeerMessage,
+    PeerView,
+    Record,
+    Role,
+    Status,
+    SyncRequest,
+    SyncStart,
+    TruncateRequest,
+)
+from vrepl.replica.replica import Config, Replica, config_invalid
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,154 @@
+"""Events: everything that happens to a replica, fed in through `Replica.step(event)`.
+
+Owns: one frozen dataclass per I/O completion or outside happening (a peer connected, a
+message arrived, the WAL became durable, the arbitrator answered, ...). Time is not an
+event class: the transport calls `Replica.tick()` every `tick_ms`.
+Must not: do I/O or carry behaviour; each class only has a stable one-line `describe()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vrepl.replica.messages import AckStatus, PeerMessage
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConnected:
+    """The peer connection to `node` for this vgroup completed its hello."""
+
+    node: int
+
+    def describe(self) -> str:
+        return f"peer_connected n{self.node}"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDisconnected:
+    """The peer connection to `node` closed (either side, any reason)."""
+
+    node: int
+
+    def describe(self) -> str:
+        return f"peer_disconnected n{self.node}"
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A whole, decoded message arrived from `node` over the authenticated peer connection."""
+
+    node: int
+    message: PeerMessage
+
+    def describe(self) -> str:
+        return f"received n{self.node} {self.message.describe()}"
+
+
+@dataclass(frozen=True, slots=True)
+class AppForward:
+    """The app asks the master to write and replicate the record `version` (strictly in order).
+
+    `payload` is the encoded record body without an epoch; the replica stamps its epoch.
+    A refused forward (not master, a limit) does not consume the version: retry it.
+    """
+
+    version: int
+    payload: bytes
+
+    def describe(self) -> str:
+        return f"app_forward v{self.version} {len(self.payload)}B"
+
+
+@dataclass(frozen=True, slots=True)
+class WalPersisted:
+    """The local WAL is durable up to `up_to_version` (cumulative). After a TruncateDone,
+    only records appended after the truncation are reported."""
+
+    up_to_version: int
+
+    def describe(self) -> str:
+        return f"wal_persisted v{self.up_to_version}"
+
+
+@dataclass(frozen=True, slots=True)
+class AppAcked:
+    """A slave's app applied and persisted every record up to `version` (seed 数据转发流程 step 5)."""
+
+    version: int
+    status: int = AckStatus.OK
+
+    def describe(self) -> str:
+        return f"app_acked v{self.version} {AckStatus(self.status).describe()}"
+
+
+@dataclass(frozen=True, slots=True)
+class ArbitratorConnected:
+    def describe(self) -> str:
+        return "arbitrator_connected"
+
+
+@dataclass(frozen=True, slots=True)
+class ArbitratorLost:
+    def describe(self) -> str:
+        return "arbitrator_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class ArbitratorGranted:
+    """The arbitrator granted (or renewed) its support for this node as master of `epoch`,
+    answering the oldest outstanding RequestArbitratorGrant."""
+
+    epoch: int
+
+    def describe(self) -> str:
+        return f"arbitrator_granted e{self.epoch}"
+
+
+@dataclass(frozen=True, slots=True)
+class ArbitratorRefused:
+    """The arbitrator supports another node (or a newer epoch) for this vgroup."""
+
+    epoch: int
+
+    def describe(self) -> str:
+        return f"arbitrator_refused e{self.epoch}"
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateDone:
+    """The WAL executed TruncateWalAfter: the log now ends at (last_epoch, last_version)."""
+
+    last_epoch: int
+    last_version: int
+
+    def describe(self) -> str:
+        return f"truncate_done e{self.last_epoch}v{self.last_version}"
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreFinished:
+    """A file/WAL restore replaced the local state; the log now ends at (last_epoch,
+    last_version) with the given epoch history ((epoch, first_version), ...)."""
+
+    last_epoch: int
+    last_version: int
+    epoch_history: tuple[tuple[int, int], ...] = ()
+
+    def describe(self) -> str:
+        return f"restore_finished e{self.last_epoch}v{self.last_version}"
+
+
+Event = (
+    PeerConnected
+    | PeerDisconnected
+    | Received
+    | AppForward
+    | WalPersisted
+    | AppAcked
+    | ArbitratorConnected
+    | ArbitratorLost
+    | ArbitratorGranted
+    | ArbitratorRefused
+    | TruncateDone
+    | RestoreFinished
+)
