@@ -118,6 +118,7 @@ class WalState:
     directory: str
     files: list[WalFile] = field(default_factory=list)
     torn_tail: TornTail | None = None
+    last_epoch: int = 0      # epoch of the record with last_version (0 if the log is empty)
 
     @property
     def first_version(self) -> int:
@@ -126,12 +127,6 @@ class WalState:
     @property
     def last_version(self) -> int:
         return next((f.last_version for f in reversed(self.files) if f.last_version), 0)
-
-    @property
-    def last_epoch(self) -> int:
-        return self._last_epoch
-
-    _last_epoch: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,9 +149,14 @@ def _write_index(directory: str, wf: WalFile, offsets: np.ndarray) -> None:
 def _read_index(directory: str, wf: WalFile) -> tuple[int, int, np.ndarray] | None:
     """(first_version, count, sampled offsets) if the index is present and matches the file."""
     path = os.path.join(directory, index_file_name(wf.index))
+    # An honest index holds at most one u64 per INDEX_STRIDE_RECORDS records of the file;
+    # anything longer is not read (no allocation driven by a damaged file).
+    limit = _IDX_HEADER.size + 4 + 8 * (wf.size // (HEADER_SIZE * INDEX_STRIDE_RECORDS) + 1)
     try:
         with open(path, "rb") as fh:
-            body = fh.read(64 * 1024 * 1024)
+            if os.fstat(fh.fileno()).st_size > limit:
+                return None
+            body = fh.read(limit)
     except OSError:
         return None
     if len(body) < _IDX_HEADER.size + 4:
@@ -214,13 +214,15 @@ def _has_valid_header_after(data: bytes | memoryview, start: int, max_record: in
 
 
 def _classify_stop(data: bytes, scan, path: str, is_last: bool, max_record: int,
-                   last_good: int) -> TornTail | None:
-    """Why a scan stopped short: a torn tail (returned) or corruption (raised)."""
+                   last_good: int, base_offset: int = 0) -> TornTail:
+    """Why a scan of `data` (which starts at file offset base_offset and runs to the end of
+    the file) stopped short: a torn tail of the last file (returned) or corruption (raised)."""
     off = scan.end
     status = scan.status
     reason = scan.reason
-    if status == _rec.STATUS_BAD_SIGNATURE and off == 0:
-        raise WalCorruptError(path, 0, "not a vrepl WAL file (no record signature)")
+    file_off = base_offset + off
+    if status == _rec.STATUS_BAD_SIGNATURE and file_off == 0:
+        raise WalCorruptError(path, 0, "not a vrepl WAL file (no record signature)", last_good)
     torn = False
     if status == _rec.STATUS_INCOMPLETE:
         torn = True
@@ -232,11 +234,14 @@ def _classify_stop(data: bytes, scan, path: str, is_last: bool, max_record: int,
         # A write cut short leaves garbage only at the very end; a valid header after the
         # bad record means data that was once good has changed: corruption.
         torn = _has_valid_header_after(data, off + 1, max_record) < 0
+    elif status == _rec.STATUS_VERSION_GAP:
+        got = struct.unpack_from("<Q", data, off + 8)[0]
+        reason = f"version gap: found version {got}, expected {last_good + 1}"
     if torn and is_last:
-        return TornTail(path, off, last_good, reason)
+        return TornTail(path, file_off, last_good, reason)
     if torn:
         reason = f"{reason} in a sealed file (only the last file may have a torn tail)"
-    raise WalCorruptError(path, off, reason, last_good)
+    raise WalCorruptError(path, file_off, reason, last_good)
 
 
 def _read_file(path: str) -> bytes:
@@ -253,42 +258,40 @@ def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     a torn tail of the last file is returned in WalState.torn_tail, not raised.
     """
     state = WalState(directory, list_wal_files(directory))
-    expect = 0  # next version expected; 0 = whatever the first file starts with
+    expect = 0  # next version expected; 0 = whatever the first record carries
+    epoch_of_last = 0
     for wf in state.files:
         idx = None if (verify_all or not wf.sealed) else _read_index(directory, wf)
         if idx is not None:
             first, count, _ = idx
-            wf.first_version, wf.last_version = (first, first + count - 1) if count else (0, 0)
-            if count and expect and first != expect:
-                raise WalCorruptError(wf.path, 0, f"version gap: file starts at version {first},"
-                                      f" expected {expect}", expect - 1)
             if count:
+                if expect and first != expect:
+                    raise WalCorruptError(wf.path, 0, f"version gap: file starts at version"
+                                          f" {first}, expected {expect}", expect - 1)
+                wf.first_version, wf.last_version = first, first + count - 1
                 expect = first + count
+                epoch_of_last = 0  # unknown until read (below)
             continue
         data = _read_file(wf.path)
-        scan = _rec.scan(data, max_payload_len=max_record_bytes, expect_version=expect)
+        scan = _rec.scan(data, max_payload_len=max_record_bytes, expect_version=expect,
+                         contiguous=True)
         if scan.count:
             wf.first_version = int(scan.versions[0])
             wf.last_version = int(scan.versions[-1])
             expect = wf.last_version + 1
-            state._last_epoch = int(scan.epochs[-1])
-        if scan.status == _rec.STATUS_VERSION_GAP:
-            got = struct.unpack_from("<Q", data, scan.end + 8)[0]
-            raise WalCorruptError(wf.path, scan.end, f"version gap: found version {got},"
-                                  f" expected {expect}", expect - 1)
+            epoch_of_last = int(scan.epochs[-1])
         if not scan.ok:
             state.torn_tail = _classify_stop(data, scan, wf.path, not wf.sealed,
                                              max_record_bytes, max(expect - 1, 0))
-    if state.files and not state._last_epoch and state.last_version:
-        state._last_epoch = _last_epoch_of(state)
+    state.last_epoch = epoch_of_last or _last_epoch_of(state)
     return state
 
 
 def _last_epoch_of(state: WalState) -> int:
+    """Epoch of the last record, read from the last file that holds records."""
     for wf in reversed(state.files):
         if wf.last_version:
-            data = _read_file(wf.path)
-            scan = _rec.scan(data, verify_payload=False)
+            scan = _rec.scan(_read_file(wf.path), verify_payload=False)
             if scan.count:
                 return int(scan.epochs[-1])
     return 0
@@ -451,6 +454,11 @@ class WalWriter:
                 return expect, self.last_version
             if int(scan.versions[-1]) - int(scan.versions[0]) + 1 != scan.count:
                 raise VersionError("append_encoded: versions in the block are not contiguous")
+            epochs = scan.epochs
+            if int(epochs[0]) < self.last_epoch or (scan.count > 1 and
+                                                   bool((epochs[1:] < epochs[:-1]).any())):
+                raise VersionError(f"append_encoded: epochs go backwards (WAL last epoch"
+                                   f" {self.last_epoch}, block {int(epochs[0])}..)")
             self._write_block_locked(block, scan.offsets, expect, int(scan.versions[-1]),
                                      int(scan.epochs[-1]))
             last = self.last_version
@@ -524,8 +532,10 @@ class WalWriter:
 
     def _flush_loop(self) -> None:
         period_s = self.options.group_commit_ms / 1000.0
-        while True:
-            self._dirty.wait()
+        while not self._closed:
+            # The timeout only guards against a lost wake-up; close() also sets _dirty.
+            if not self._dirty.wait(0.5):
+                continue
             if self._closed:
                 return
             # Let more appends join this group; then one fdatasync covers all of them.
@@ -543,6 +553,55 @@ class WalWriter:
         with self._lock:
             return [WalFile(f.index, f.path, f.size, f.first_version, f.last_version, f.sealed)
                     for f in self._files]
+
+    def truncate_after(self, version: int) -> int:
+        """Discard every record with a version above `version` (a deposed master's suffix
+        the new master does not have, docs/design.md). Durable before it returns; returns the
+        new last version. Refuses to cut below the first version still in the log."""
+        with self._lock:
+            if version >= self.last_version:
+                return self.last_version
+            if version < self.first_version - 1:
+                raise VersionError(f"truncate_after({version}): the log starts at"
+                                   f" {self.first_version}; records before it are recycled")
+            with self._sync_lock:
+                os.close(self._fd)
+                self._generation += 1
+            # Later files first, so a crash midway leaves a log that is still contiguous.
+            while len(self._files) > 1 and (self._files[-1].first_version == 0
+                                            or self._files[-1].first_version > version):
+                gone = self._files.pop()
+                os.unlink(gone.path)
+            cur = self._files[-1]
+            try:
+                # The file is the last one again: it is written to, so it has no index.
+                os.unlink(os.path.join(self.directory, index_file_name(cur.index)))
+            except FileNotFoundError:
+                pass
+            cur.sealed = False
+            data = _read_file(cur.path)
+            scan = _rec.scan(data, max_payload_len=self.options.max_record_bytes,
+                             verify_payload=False)
+            keep = scan.versions <= version
+            n = int(keep.sum())
+            cut = int(scan.offsets[n]) if n < scan.count else scan.end
+            with open(cur.path, "r+b") as fh:
+                fh.truncate(cut)
+                os.fsync(fh.fileno())
+            _fsync_dir(self.directory)
+            cur.size = cut
+            cur.last_version = int(scan.versions[n - 1]) if n else 0
+            if not n:
+                cur.first_version = 0
+            self._offsets_current = [scan.offsets[:n]] if n else []
+            self.last_version = version
+            self.last_epoch = int(scan.epochs[n - 1]) if n else _last_epoch_of(
+                WalState(self.directory, self._files))
+            self._fd = os.open(cur.path, os.O_WRONLY | os.O_APPEND)
+            with self._durable_cond:
+                self.durable_version = min(self.durable_version, version)
+            log.warning("wal %s: truncated after version %d", self.directory, version)
+            return version
 
     def recycle(self, before_version: int) -> list[str]:
         """Delete sealed files whose records all have versions < before_version (oldest
@@ -605,78 +664,80 @@ class WalReader:
     """Reads a WAL directory from a given version, verifying every record it returns.
 
     Works on a WAL that a writer is appending to: a partial record at the very end of the last
-    file is treated as not yet written. Corruption raises WalCorruptError (file, offset).
+    file is treated as not yet written. Corruption raises WalCorruptError (file, offset) after
+    every good record before it has been yielded.
     """
 
     def __init__(self, directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
         self.directory = directory
         self.max_record_bytes = max_record_bytes
 
-    def _locate(self, wf: WalFile, version: int) -> int:
-        """Byte offset in wf at or before the record with `version` (from the index)."""
-        idx = _read_index(self.directory, wf)
-        if idx is None:
-            return 0
-        first, count, sample = idx
-        if not count or version <= first:
-            return 0
-        k = min((version - first) // INDEX_STRIDE_RECORDS, len(sample) - 1)
-        return int(sample[k])
-
     def iter_blocks(self, from_version: int = 1) -> Iterator[WalBlock]:
         """Yield WalBlocks with whole records of versions >= from_version, in order."""
-        files = list_wal_files(self.directory)
-        expect = 0
-        for wf in files:
+        expect = 0  # the version the next record must carry; 0 = not known yet
+        for wf in list_wal_files(self.directory):
             if not wf.size:
                 continue
-            start = self._locate(wf, from_version) if wf.sealed else 0
-            with open(wf.path, "rb") as fh:
-                fh.seek(start)
-                pos = start
-                carry = b""
-                while True:
-                    chunk = fh.read(READ_CHUNK_BYTES)
-                    if not chunk and not carry:
-                        break
-                    data = carry + chunk if carry else chunk
-                    scan = _rec.scan(data, max_payload_len=self.max_record_bytes,
-                                     expect_version=expect)
-                    if scan.status == _rec.STATUS_VERSION_GAP:
-                        got = struct.unpack_from("<Q", data, scan.end + 8)[0]
-                        raise WalCorruptError(wf.path, pos + scan.end,
-                                              f"version gap: found version {got},"
-                                              f" expected {expect + scan.count}",
-                                              expect + scan.count - 1)
-                    at_eof = not chunk
-                    stop_here = False
-                    if not scan.ok and not (scan.status == _rec.STATUS_INCOMPLETE and not at_eof):
-                        # Classify with the whole rest of the file in view, so a zero run in
-                        # the middle is not mistaken for a zero-filled tail.
-                        rest = data + fh.read()
-                        last_good = int(scan.versions[-1]) if scan.count else expect - 1
-                        tail = _classify_stop(rest, scan, wf.path, not wf.sealed,
-                                              self.max_record_bytes, max(last_good, 0))
-                        # A torn tail of the last file is where the log ends (for a live log:
-                        # a record still being written).
-                        stop_here = tail is not None
-                    if scan.count:
-                        expect = int(scan.versions[-1]) + 1
-                        versions = scan.versions
-                        keep = versions >= from_version
-                        if keep.any():
-                            i0 = int(np.argmax(keep))
-                            b0 = int(scan.offsets[i0])
-                            block = data[b0:scan.end]
-                            sub = _rec.scan(block, max_payload_len=self.max_record_bytes,
-                                            verify_payload=False)
-                            yield WalBlock(wf, pos + b0, block, sub)
-                    carry = data[scan.end:]
-                    pos += scan.end
-                    if at_eof or stop_here:
-                        break
-                    if len(carry) > self.max_record_bytes + HEADER_SIZE:
-                        raise WalCorruptError(wf.path, pos, "record larger than the maximum")
+            start = 0
+            idx = _read_index(self.directory, wf) if wf.sealed else None
+            if idx is not None:
+                first, count, sample = idx
+                if count and expect and first != expect:
+                    raise WalCorruptError(wf.path, 0, f"version gap: file starts at version"
+                                          f" {first}, expected {expect}", expect - 1)
+                if count and first + count - 1 < from_version:
+                    expect = first + count  # nothing wanted here: skip the file unread
+                    continue
+                if count and from_version > first:
+                    k = min((from_version - first) // INDEX_STRIDE_RECORDS, len(sample) - 1)
+                    start = int(sample[k])
+                    expect = first + k * INDEX_STRIDE_RECORDS
+            yield from self._iter_file(wf, start, expect, from_version)
+            expect = self._next_expect
+
+    def _iter_file(self, wf: WalFile, start: int, expect: int,
+                   from_version: int) -> Iterator[WalBlock]:
+        pos = start  # file offset of data[0]
+        with open(wf.path, "rb") as fh:
+            fh.seek(start)
+            carry = b""
+            while True:
+                chunk = fh.read(READ_CHUNK_BYTES)
+                at_eof = not chunk
+                if at_eof and not carry:
+                    break
+                data = carry + chunk if carry else chunk
+                scan = _rec.scan(data, max_payload_len=self.max_record_bytes,
+                                 expect_version=expect, contiguous=True)
+                if scan.count:
+                    expect = int(scan.versions[-1]) + 1
+                    keep = scan.versions >= from_version
+                    if keep.any():
+                        i0 = int(np.argmax(keep))
+                        b0 = int(scan.offsets[i0])
+                        block = data[b0:scan.end]
+                        sub = _rec.scan(block, max_payload_len=self.max_record_bytes,
+                                        verify_payload=False)
+                        yield WalBlock(wf, pos + b0, block, sub)
+                if not scan.ok and not (scan.status == _rec.STATUS_INCOMPLETE and not at_eof):
+                    # Classify with the whole rest of the file in view, so a zero run in the
+                    # middle is not mistaken for a zero-filled tail. A torn tail of the last
+                    # file is where the log ends (for a live log: a record being written).
+                    rest = data[scan.end:] + fh.read()
+                    tail_scan = _rec.scan(rest, max_payload_len=self.max_record_bytes,
+                                          expect_version=expect, contiguous=True)
+                    _classify_stop(rest, tail_scan, wf.path, not wf.sealed,
+                                   self.max_record_bytes, max(expect - 1, 0),
+                                   base_offset=pos + scan.end)
+                    break
+                carry = data[scan.end:]
+                pos += scan.end
+                if at_eof:
+                    break
+                if len(carry) > self.max_record_bytes + HEADER_SIZE:
+                    raise WalCorruptError(wf.path, pos, "record larger than the maximum",
+                                          max(expect - 1, 0))
+        self._next_expect = expect
 
     def iter_records(self, from_version: int = 1) -> Iterator[_rec.Record]:
         """Yield every record with version >= from_version, in order."""

@@ -56,4 +56,4 @@ cdef class ScanResult:
 
 cdef ScanResult scan_buffer(const uint8_t *base, Py_ssize_t start, Py_ssize_t stop,
                             uint32_t max_payload_len, bint verify_payload,
-                            uint64_t expect_version)
+                            uint64_t expect_version, bint contiguous=*)

@@ -47,6 +47,9 @@ REASONS = {
     SCAN_VERSION_GAP: "version does not follow the previous record's version",
 }
 
+cdef uint8_t SIGNATURE_BYTES[4]
+SIGNATURE_BYTES[:] = [0x56, 0x52, 0x57, 0x4C]  # b"VRWL"
+
 # Flags defined so far; any other bit makes a header invalid (a newer writer, or corruption).
 cdef uint16_t KNOWN_FLAGS = 0
 
@@ -213,7 +216,7 @@ cdef void release(Growable *g) noexcept nogil:
 
 cdef int scan_loop(const uint8_t *base, Py_ssize_t start, Py_ssize_t stop,
                    uint32_t max_payload_len, bint verify_payload, uint64_t expect_version,
-                   Growable *g, Py_ssize_t *end_out) noexcept nogil:
+                   bint contiguous, Growable *g, Py_ssize_t *end_out) noexcept nogil:
     cdef Py_ssize_t pos = start
     cdef Py_ssize_t i
     cdef Header h
@@ -225,6 +228,12 @@ cdef int scan_loop(const uint8_t *base, Py_ssize_t start, Py_ssize_t stop,
                 if base[i] != 0:
                     status = SCAN_INCOMPLETE
                     break
+            # A cut-short record still starts with the signature; other bytes are not ours.
+            if status == SCAN_INCOMPLETE:
+                for i in range(min(stop - pos, 4)):
+                    if base[pos + i] != SIGNATURE_BYTES[i]:
+                        status = SCAN_BAD_SIGNATURE
+                        break
             break
         status = parse_header(base + pos, max_payload_len, &h)
         if status != SCAN_OK:
@@ -235,6 +244,8 @@ cdef int scan_loop(const uint8_t *base, Py_ssize_t start, Py_ssize_t stop,
         if verify_payload and vrepl_crc32c(0, base + pos + HEADER_SIZE, h.payload_len) != h.payload_crc:
             status = SCAN_BAD_PAYLOAD_CRC
             break
+        if expect_version == 0 and contiguous:
+            expect_version = h.version  # the first record sets where the run starts
         if expect_version:
             if h.version != expect_version:
                 status = SCAN_VERSION_GAP
@@ -265,7 +276,7 @@ cdef object copy_array(const void *src, Py_ssize_t n, object dtype):
 
 cdef ScanResult scan_buffer(const uint8_t *base, Py_ssize_t start, Py_ssize_t stop,
                             uint32_t max_payload_len, bint verify_payload,
-                            uint64_t expect_version):
+                            uint64_t expect_version, bint contiguous=False):
     cdef Growable g
     g.versions = NULL; g.epochs = NULL; g.offsets = NULL; g.lengths = NULL; g.types = NULL
     g.count = 0; g.cap = 0
@@ -274,10 +285,10 @@ cdef ScanResult scan_buffer(const uint8_t *base, Py_ssize_t start, Py_ssize_t st
     if stop - start >= NOGIL_THRESHOLD_BYTES:
         with nogil:
             status = scan_loop(base, start, stop, max_payload_len, verify_payload,
-                               expect_version, &g, &end)
+                               expect_version, contiguous, &g, &end)
     else:
         status = scan_loop(base, start, stop, max_payload_len, verify_payload,
-                           expect_version, &g, &end)
+                           expect_version, contiguous, &g, &end)
     cdef ScanResult r = ScanResult.__new__(ScanResult)
     try:
         if status < 0:
@@ -298,10 +309,12 @@ cdef ScanResult scan_buffer(const uint8_t *base, Py_ssize_t start, Py_ssize_t st
 
 def scan(data, Py_ssize_t start=0, Py_ssize_t stop=-1,
          uint32_t max_payload_len=DEFAULT_MAX_PAYLOAD_BYTES, bint verify_payload=True,
-         uint64_t expect_version=0):
+         uint64_t expect_version=0, bint contiguous=False):
     """Scan data[start:stop] into records; never raises for bad bytes (see ScanResult.status).
 
     expect_version: if non-zero, the first record must carry it and each next one +1.
+    contiguous: with expect_version 0, the first record's version sets the start and each
+    next one must be +1 (a gap stops the scan with STATUS_VERSION_GAP).
     """
     cdef Py_buffer view
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
@@ -311,7 +324,7 @@ def scan(data, Py_ssize_t start=0, Py_ssize_t stop=-1,
         if start < 0 or start > stop:
             raise ValueError(f"scan: start {start} outside 0..{stop}")
         return scan_buffer(<const uint8_t *>view.buf, start, stop, max_payload_len,
-                           verify_payload, expect_version)
+                           verify_payload, expect_version, contiguous)
     finally:
         PyBuffer_Release(&view)
 
