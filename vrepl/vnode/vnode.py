@@ -1,0 +1,491 @@
+"""The reference vnode: a small time-series store a sync instance embeds (docs/vnode.md).
+
+Owns: the table schemas, the memtable, the archived files (through ArchiveStore), the
+applied and archived versions, and the callbacks of the embedding API (docs/embedding.md):
+write_to_cache, confirm_forward, get_file_info, get_wal_info, get_version, notify_role,
+notify_file_synced, notify_flow_control. Must not: write the WAL (the sync instance owns
+`<data path>/wal`; the vnode only reads it to recover and tells the owner, or a writer it is
+given, which versions are archived), open sockets, or decide roles.
+
+Threads (one lock, `self._lock`, guards all state; every public method takes it):
+* the vgroup's write thread (writes to one vnode are single-threaded, seed 数据转发流程):
+  prepare_write, apply_local, write_to_cache / apply_record, flush / maybe_flush, recover,
+  close;
+* the sync instance's threads: get_file_info, get_wal_info, get_version, confirm_forward,
+  notify_* (confirm_forward only touches the confirmation table, which has its own
+  condition so client threads can wait on it without holding the vnode lock);
+* client threads: query (reads archived files outside the lock), status, wait_confirmed.
+A flush holds the lock while it writes Parquet: writes wait for it (docs/vnode.md §flush).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vrepl.errors import ConfigError
+from vrepl.vnode import rows as R
+from vrepl.vnode.config import VnodeConfig, config_invalid
+from vrepl.vnode.errors import ApplyError, ArchiveError, VnodeClosedError, VnodeError
+from vrepl.vnode.files import (MANIFEST_NAME, ArchivedFile, ArchiveStore, Manifest,
+                               arrow_schema, conform, file_magic, name_invalid, newest_per_ts,
+                               rows_to_arrow)
+from vrepl.vnode.memtable import Memtable
+
+WAL_DIR = "wal"
+MSG_TYPE_DATA = 1            # vrepl.wal.MSG_TYPE_DATA: records the vnode decodes
+QUERY_RETRIES = 3            # a query that lost a race with a flush's file swap tries again
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """getFileInfo's answer (seed 数据恢复流程 rule 4); magic 0 = no such file / no more files."""
+
+    index: int
+    name: str       # relative to the data path; "" when there is no file
+    size: int
+    magic: int
+
+
+@dataclass(frozen=True)
+class WalInfo:
+    """getWalInfo's answer (seed rule 5): more 0 = the last WAL file, 1 = newer ones follow;
+    name "" = no WAL file."""
+
+    more: int
+    index: int
+    name: str       # relative to the data path ("wal/000000000003.wal")
+
+
+class Vnode:
+    """One vnode's storage: `Vnode(path, config)` loads the manifest; `recover()` replays the
+    WAL above the archived version. See the module doc for which thread calls what."""
+
+    def __init__(self, path: str, config: VnodeConfig | None = None, *,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = cfg = config or VnodeConfig()
+        reason = config_invalid(cfg)
+        if reason is not None:
+            raise ConfigError(f"vnode config: {reason}")
+        self.path = os.path.abspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        self.wal_dir = os.path.join(self.path, WAL_DIR)
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._store = ArchiveStore(self.path, cfg)
+        self._mem = Memtable()
+        self._closed = False
+        self._load_from_manifest()
+        self.role = "unsynced"
+        self.flow_control = 0
+        self._confirm_cond = threading.Condition()
+        self._confirmed: OrderedDict[int, Any] = OrderedDict()
+
+    def _load_from_manifest(self) -> None:
+        m = self._store.manifest
+        # Schemas of tables seen since: the manifest's plus what the memtable adds (replay).
+        self._schemas: dict[str, dict[str, str]] = copy.deepcopy(m.schemas)
+        self.applied_version = m.archived_version
+        self.applied_epoch = m.archived_epoch
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def archived_version(self) -> int:
+        """Every version up to this one is in archived files: the WAL below it may go."""
+        with self._lock:
+            return self._store.manifest.archived_version
+
+    @property
+    def schemas(self) -> dict[str, dict[str, str]]:
+        with self._lock:
+            return copy.deepcopy(self._schemas)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise VnodeClosedError(f"vnode {self.path} is closed")
+
+    # -- write path -----------------------------------------------------------------------
+    def validate(self, rows: Any) -> str | None:
+        """Why a client batch is refused (nothing is changed), or None."""
+        with self._lock:
+            return R.check_rows(rows, self.config, self._schemas, len(self._schemas))[0]
+
+    def prepare_write(self, rows: Any) -> tuple[str | None, bytes]:
+        """Validate a client batch and encode its WAL payload: (reason, b"") or (None, payload).
+
+        On success the batch's new columns are added to the schemas at once, so a second
+        batch validated before the first is applied cannot give a column another type.
+        (A column added by a write that then fails keeps its type; docs/vnode.md §rows.)
+        """
+        with self._lock:
+            self._check_open()
+            reason, added, _ = R.check_rows(rows, self.config, self._schemas,
+                                            len(self._schemas))
+            if reason is not None:
+                return reason, b""
+            payload = R.encode_rows(rows)
+            if len(payload) > self.config.max_payload_bytes:
+                return (f"encoded batch is {len(payload)} bytes, above max_payload_bytes"
+                        f" {self.config.max_payload_bytes}"), b""
+            self._add_columns(added)
+            return None, payload
+
+    def _add_columns(self, added: dict[str, dict[str, str]]) -> None:
+        for table, cols in added.items():
+            self._schemas.setdefault(table, {}).update(cols)
+
+    def apply_local(self, version: int, epoch: int, rows: Sequence[Sequence[Any]],
+                    nbytes: int | None = None) -> bool:
+        """Apply a batch written at `version` to the memtable; False if already applied.
+
+        Rows must have the shape check_rows accepts; their types are checked against the
+        schemas (ApplyError names the version on a conflict, and nothing is applied). The
+        memtable keeps references to the rows' value dicts: do not change them afterwards.
+        """
+        with self._lock:
+            self._check_open()
+            if version <= self.applied_version:
+                return False     # idempotent: a replayed or re-forwarded version
+            reason, added, _ = R.check_rows(rows, None, self._schemas)
+            if reason is not None:
+                raise ApplyError(f"version {version}: cannot apply: {reason}")
+            self._apply_locked(version, epoch, rows, added, nbytes)
+            return True
+
+    def _apply_locked(self, version: int, epoch: int, rows: Sequence[Sequence[Any]],
+                      added: dict[str, dict[str, str]], nbytes: int | None) -> None:
+        self._add_columns(added)
+        self._mem.apply(version, epoch, rows, self._clock(), nbytes)
+        self.applied_version = version
+        self.applied_epoch = max(self.applied_epoch, epoch)
+
+    def write_to_cache(self, version: int, epoch: int, payload: bytes,
+                       msg_type: int = MSG_TYPE_DATA) -> bool:
+        """The sync callback: apply a WAL record's payload; False if already applied.
+
+        Records of other message types only advance the applied version. A malformed
+        payload raises PayloadError, a type conflict with the schemas ApplyError; both name
+        the version, and nothing is applied.
+        """
+        with self._lock:
+            self._check_open()
+            if version <= self.applied_version:
+                return False
+            if msg_type != MSG_TYPE_DATA:
+                self.applied_version = version
+                return True
+            rows, added, conflict = R.decode_checked(payload, version,
+                                                     self.config.max_payload_bytes,
+                                                     self._schemas)
+            if conflict is not None:
+                raise ApplyError(f"version {version}: cannot apply: {conflict}")
+            self._apply_locked(version, epoch, rows, added, len(payload))
+            return True
+
+    def apply_record(self, record: Any) -> bool:
+        """write_to_cache for a vrepl._core.record.Record (or anything with its fields)."""
+        return self.write_to_cache(record.version, record.epoch, record.payload,
+                                   getattr(record, "msg_type", MSG_TYPE_DATA))
+
+    def get_version(self) -> int:
+        """The highest version applied (memtable or archived)."""
+        with self._lock:
+            return self.applied_version
+
+    # -- confirmations, role, flow control (sync callbacks) --------------------------------
+    def confirm_forward(self, version: int, status: Any) -> None:
+        """Remember a forward's outcome for wait_confirmed (the newest max_confirmations)."""
+        with self._confirm_cond:
+            self._confirmed[version] = status
+            while len(self._confirmed) > self.config.max_confirmations:
+                self._confirmed.popitem(last=False)
+            self._confirm_cond.notify_all()
+
+    def wait_confirmed(self, version: int, timeout_s: float | None = None) -> Any:
+        """The status confirm_forward gave `version`, or None after timeout_s."""
+        with self._confirm_cond:
+            self._confirm_cond.wait_for(lambda: version in self._confirmed, timeout_s)
+            return self._confirmed.get(version)
+
+    def notify_role(self, role: Any) -> None:
+        with self._lock:
+            self.role = getattr(role, "value", role)
+
+    def notify_flow_control(self, level: int) -> None:
+        with self._lock:
+            self.flow_control = int(level)
+
+    def notify_file_synced(self, *_: Any) -> None:
+        """A restore replaced archived files: reload the manifest, drop the memtable.
+
+        Called after the file phase of a restore and before its WAL phase, which then
+        replays (write_to_cache) everything above the new get_version().
+        """
+        with self._lock:
+            self._check_open()
+            self._store.reload()
+            self._mem.clear()
+            self._load_from_manifest()
+
+    # -- restore callbacks ----------------------------------------------------------------
+    def get_file_info(self, index: int, name: str | None = None) -> FileInfo:
+        """getFileInfo (seed 数据恢复流程 rule 4).
+
+        Without a name (the master's call): the file at `index` (0 = oldest); index n, just
+        after the n data files, is the manifest; beyond it magic 0 (no more files). With a
+        name (the slave's call): this node's file of that name, size and magic computed from
+        its bytes, magic 0 if it has none. An unusable name or an I/O error raises
+        ArchiveError (the sync layer answers -1 and stops the restore, rule 6).
+        """
+        with self._lock:
+            files = self._store.manifest.files
+            n = len(files)
+            if not name:
+                if 0 <= index < n:
+                    f = files[index]
+                    return FileInfo(index, f.name, f.size, f.magic)
+                mb = self._store.manifest_bytes
+                if index == n and mb:
+                    return FileInfo(n, MANIFEST_NAME, len(mb), file_magic(mb))
+                return FileInfo(index, "", 0, 0)
+            reason = name_invalid(name)
+            if reason is not None:
+                raise ArchiveError(name, reason)
+            if name == MANIFEST_NAME:
+                index = n
+            else:
+                index = next((i for i, f in enumerate(files) if f.name == name), index)
+        try:
+            with open(self._store.abspath(name), "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return FileInfo(index, name, 0, 0)
+        except OSError as exc:
+            raise ArchiveError(name, f"cannot read: {exc.strerror}") from exc
+        return FileInfo(index, name, len(data), file_magic(data))
+
+    def get_wal_info(self, index: int = 0) -> WalInfo:
+        """getWalInfo (seed rule 5) over `<data path>/wal`: index 0 = the oldest file."""
+        from vrepl.wal import list_wal_files   # the WAL is the sync instance's; only listed
+        if not os.path.isdir(self.wal_dir):
+            return WalInfo(0, index, "")
+        files = list_wal_files(self.wal_dir)
+        if not files:
+            return WalInfo(0, index, "")
+        wf = files[0] if index == 0 else next((f for f in files if f.index == index), None)
+        if wf is None:
+            return WalInfo(0, index, "")
+        more = 0 if wf is files[-1] else 1
+        return WalInfo(more, wf.index, f"{WAL_DIR}/{os.path.basename(wf.path)}")
+
+    # -- flush ----------------------------------------------------------------------------
+    def flush_due(self, now: float | None = None) -> str | None:
+        """Why the memtable should be flushed now, or None."""
+        cfg = self.config
+        with self._lock:
+            mem = self._mem
+            if not mem.rows:
+                return None
+            if mem.bytes >= cfg.memtable_max_bytes:
+                return f"memtable holds {mem.bytes} bytes >= memtable_max_bytes"
+            if mem.rows >= cfg.memtable_max_rows:
+                return f"memtable holds {mem.rows} rows >= memtable_max_rows"
+            age_ms = ((self._clock() if now is None else now) - mem.first_write_at) * 1000
+            if age_ms >= cfg.memtable_max_age_ms:
+                return f"oldest unflushed row is {age_ms:.0f} ms old >= memtable_max_age_ms"
+            return None
+
+    def maybe_flush(self, wal: Any = None) -> list[ArchivedFile]:
+        """flush(wal) if flush_due(); the files written (none if no flush was due)."""
+        with self._lock:
+            return self.flush(wal) if self.flush_due() is not None else []
+
+    def flush(self, wal: Any = None) -> list[ArchivedFile]:
+        """Archive the memtable; returns the files written.
+
+        For every (table, bucket) it touches: merge the current file (if any) with the
+        memtable rows, newest version per ts winning, and write a new file; then commit a
+        manifest naming the new files with archived_version = the last applied version, and
+        delete the replaced files. Only then may the WAL below archived_version + 1 go:
+        `wal.recycle(archived_version + 1)` if a WalWriter is given, else the owner reads
+        `archived_version`.
+        """
+        with self._lock:
+            self._check_open()
+            mem = self._mem
+            if not mem.rows:
+                return []
+            store = self._store
+            old = store.manifest
+            version = self.applied_version
+            span = self.config.file_span
+            current = {(f.table, f.bucket): f for f in old.files}
+            files = {k: f for k, f in current.items()}
+            written, superseded = [], []
+            for table, tm in mem.tables.items():
+                schema = arrow_schema(self.config.precision, self._schemas.get(table, {}))
+                buckets: dict[int, list] = {}
+                for ts in tm.keys:
+                    buckets.setdefault(ts // span, []).append((ts, tm.rows[ts]))
+                for bucket, rows in buckets.items():
+                    new = rows_to_arrow(rows, schema)
+                    prev = current.get((table, bucket))
+                    if prev is not None:
+                        new = newest_per_ts(pa.concat_tables(
+                            [conform(store.read(prev), schema), new]))
+                        superseded.append(prev)
+                    af = store.write(table, bucket, version, new)
+                    files[(table, bucket)] = af
+                    written.append(af)
+            manifest = Manifest(old.precision, old.file_span_ms, version,
+                                max(old.archived_epoch, self.applied_epoch),
+                                copy.deepcopy(self._schemas), list(files.values()))
+            store.commit(manifest, superseded)
+            mem.clear()
+        if wal is not None:
+            wal.recycle(version + 1)
+        return written
+
+    # -- query ----------------------------------------------------------------------------
+    def query(self, table: str, start: int, end: int) -> list[dict[str, Any]]:
+        """Rows of `table` with start <= ts < end, in ts order, newest version per ts.
+
+        Each row is {"ts", "_version", "_epoch", <every column of the table's schema>}
+        (None where a row has no value). Archived files are verified (size, magic) as read.
+        """
+        if type(table) is not str or R.TABLE_NAME_RE.fullmatch(table) is None:
+            raise VnodeError(f"table name {table!r} does not match {R.TABLE_NAME_RULE}")
+        if end <= start:
+            return []
+        span = self.config.file_span
+        for attempt in range(QUERY_RETRIES):
+            with self._lock:
+                self._check_open()
+                mem_rows = self._mem.range(table, start, end)
+                files = self._store.files_of(table, start // span, (end - 1) // span)
+                columns = dict(self._schemas.get(table, {}))
+            try:
+                archived = [self._store.read(f) for f in files]
+                break
+            except FileNotFoundError:
+                # A flush replaced a file between our snapshot and the read: snapshot again.
+                if attempt == QUERY_RETRIES - 1:
+                    raise
+        out: dict[int, dict[str, Any]] = {}
+        if archived:
+            qschema = arrow_schema(self.config.precision, columns)
+            qschema = qschema.set(0, pa.field("ts", pa.int64()))
+            for tbl in archived:
+                tbl = conform(tbl, qschema)
+                ts = tbl.column("ts")
+                tbl = tbl.filter(pc.and_(pc.greater_equal(ts, start), pc.less(ts, end)))
+                for row in tbl.to_pylist():
+                    prev = out.get(row["ts"])
+                    if prev is None or row["_version"] >= prev["_version"]:
+                        out[row["ts"]] = row
+        floats = [c for c, t in columns.items() if t == R.TYPE_FLOAT]
+        for ts, (version, epoch, values) in mem_rows:
+            prev = out.get(ts)
+            if prev is not None and prev["_version"] > version:
+                continue
+            row = {"ts": ts, "_version": version, "_epoch": epoch}
+            for c in columns:
+                row[c] = values.get(c)
+            for c in floats:
+                if type(row[c]) is int:
+                    row[c] = float(row[c])
+            out[ts] = row
+        return [out[ts] for ts in sorted(out)]
+
+    # -- recovery, verification, status, close ----------------------------------------------
+    def recover(self, wal_dir: str | None = None) -> int:
+        """Crash recovery: replay WAL records above the applied version; returns how many.
+
+        The manifest was loaded by the constructor; every version up to archived_version is
+        in the files. A WAL that starts after archived_version + 1 lost records the files do
+        not have: VnodeError, never a silent gap.
+        """
+        from vrepl.wal import WalReader
+        wal_dir = wal_dir or self.wal_dir
+        if not os.path.isdir(wal_dir):
+            return 0
+        with self._lock:
+            self._check_open()
+            start = self.applied_version + 1
+            n = 0
+            for rec in WalReader(wal_dir, self.config.max_payload_bytes).iter_records(start):
+                if n == 0 and rec.version > start:
+                    raise VnodeError(f"{wal_dir}: WAL resumes at version {rec.version} but"
+                                     f" this vnode holds versions up to {start - 1}: versions"
+                                     f" {start}..{rec.version - 1} are lost")
+                self.write_to_cache(rec.version, rec.epoch, rec.payload, rec.msg_type)
+                n += 1
+            return n
+
+    def rebuild(self, wal_dir: str | None = None) -> int:
+        """Drop the memtable, reload the manifest and recover() again; returns records replayed.
+
+        For a WAL truncated after a version (design.md §4.3): valid while the kept version
+        is at or above archived_version; VnodeError otherwise (archived files hold versions
+        the log no longer has: the node needs a restore).
+        """
+        with self._lock:
+            self._check_open()
+            self._store.reload()
+            self._mem.clear()
+            self._load_from_manifest()
+            from vrepl.wal import inspect
+            wal_dir = wal_dir or self.wal_dir
+            archived = self.applied_version
+            if os.path.isdir(wal_dir):
+                # An empty WAL (all recycled) says nothing; a WAL ending below the archived
+                # version was truncated under archived rows.
+                last = inspect(wal_dir, self.config.max_payload_bytes).last_version
+                if 0 < last < archived:
+                    raise VnodeError(f"{wal_dir}: the WAL ends at version {last}, below the"
+                                     f" archived version {archived}: archived files hold"
+                                     f" versions the log no longer has; this vnode needs a"
+                                     f" restore")
+            return self.recover(wal_dir)
+
+    def verify_files(self) -> list[str]:
+        """Read every archived file against its manifest entry; one reason per bad file."""
+        bad = []
+        with self._lock:
+            files = list(self._store.manifest.files)
+        for f in files:
+            try:
+                self._store.read(f)
+            except (ArchiveError, OSError) as exc:
+                bad.append(str(exc))
+        return bad
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            m = self._store.manifest
+            return {"path": self.path, "role": self.role, "version": self.applied_version,
+                    "epoch": self.applied_epoch, "archived_version": m.archived_version,
+                    "memtable_rows": self._mem.rows, "memtable_bytes": self._mem.bytes,
+                    "files": len(m.files), "tables": len(self._schemas),
+                    "flow_control": self.flow_control}
+
+    def close(self, wal: Any = None) -> None:
+        """Flush (durably) and refuse further calls; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self.flush(wal)
+            self._closed = True
+
+    def __enter__(self) -> "Vnode":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
