@@ -1,6 +1,6 @@
 """WAL append vs raw os.write + the same fsyncs, interleaved round by round (issue 2 target).
 
-Usage: python bench/wal_vs_raw.py [--rounds 15] [--batches 200] [--batch-records 100]
+Usage: python bench/wal_vs_raw.py [--rounds 31] [--batches 300] [--batch-records 100]
 
 The fsync latency of a virtual disk wanders by tens of percent over seconds, so timing all WAL
 rounds and then all raw rounds (as pytest-benchmark does) compares two different disks. Here
@@ -56,8 +56,8 @@ def run_wal(directory: str, policy: str, batches: int, batch: list[bytes],
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=31)
+    ap.add_argument("--batches", type=int, default=300)
     ap.add_argument("--batch-records", type=int, default=100)
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = ap.parse_args()
