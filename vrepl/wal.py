@@ -201,41 +201,58 @@ def list_wal_files(directory: str) -> list[WalFile]:
     return files
 
 
-def _has_valid_header_after(data: bytes | memoryview, start: int, max_record: int) -> int:
-    """Offset of the first valid record header at or after start, or -1."""
+def _windows(fh, head: bytes, overlap: int) -> Iterator[tuple[bytes, int]]:
+    """(window, bytes of the window already seen) over `head` then the rest of fh, in
+    READ_CHUNK_BYTES pieces that overlap by `overlap` bytes, so a pattern shorter than the
+    overlap is never split. Bounded memory whatever the file size."""
+    window, seen = head, 0
+    while True:
+        yield window, seen
+        chunk = fh.read(READ_CHUNK_BYTES)
+        if not chunk:
+            return
+        keep = window[-overlap:] if overlap else b""
+        window, seen = keep + chunk, len(keep)
+
+
+def _tail_is_zero(fh, head: bytes) -> bool:
+    return all(w.count(0) == len(w) for w, _ in _windows(fh, head, 0))
+
+
+def _valid_header_follows(fh, head: bytes, max_record: int) -> bool:
+    """Whether a valid record header starts anywhere in head[1:] or the rest of the file."""
     sig = struct.pack("<I", _rec.RECORD_SIGNATURE)
-    raw = bytes(data) if isinstance(data, memoryview) else data
-    pos = raw.find(sig, start)
-    while pos >= 0:
-        if _rec.header_invalid(raw, pos, max_record) is None:
-            return pos
-        pos = raw.find(sig, pos + 1)
-    return -1
+    first = True
+    for window, seen in _windows(fh, head, HEADER_SIZE - 1):
+        pos = window.find(sig, 1 if first else max(seen - HEADER_SIZE + 1, 0))
+        first = False
+        while pos >= 0:
+            if _rec.header_invalid(window, pos, max_record) is None:
+                return True
+            pos = window.find(sig, pos + 1)
+    return False
 
 
-def _classify_stop(data: bytes, scan, path: str, is_last: bool, max_record: int,
-                   last_good: int, base_offset: int = 0) -> TornTail:
-    """Why a scan of `data` (which starts at file offset base_offset and runs to the end of
-    the file) stopped short: a torn tail of the last file (returned) or corruption (raised)."""
-    off = scan.end
-    status = scan.status
-    reason = scan.reason
-    file_off = base_offset + off
-    if status == _rec.STATUS_BAD_SIGNATURE and file_off == 0:
+def _classify_stop(fh, head: bytes, scan_status: int, reason: str | None, path: str,
+                   file_off: int, is_last: bool, max_record: int, last_good: int) -> TornTail:
+    """Why the records of a file stop at file_off: a torn tail of the last file (returned)
+    or corruption (raised). `head` holds the file's bytes from file_off on as far as they were
+    read; the rest is read from fh in bounded chunks."""
+    if scan_status == _rec.STATUS_BAD_SIGNATURE and file_off == 0:
         raise WalCorruptError(path, 0, "not a vrepl WAL file (no record signature)", last_good)
     torn = False
-    if status == _rec.STATUS_INCOMPLETE:
+    if scan_status == _rec.STATUS_INCOMPLETE:
         torn = True
-    elif status == _rec.STATUS_ZERO:
-        torn = not any(data[off:])  # zero-filled to the end: preallocation or lost pages
+    elif scan_status == _rec.STATUS_ZERO:
+        torn = _tail_is_zero(fh, head)  # zero-filled to the end: preallocation or lost pages
         if not torn:
             reason = "zero bytes followed by non-zero data"
-    elif status in (_rec.STATUS_BAD_HEADER_CRC, _rec.STATUS_BAD_PAYLOAD_CRC):
+    elif scan_status in (_rec.STATUS_BAD_HEADER_CRC, _rec.STATUS_BAD_PAYLOAD_CRC):
         # A write cut short leaves garbage only at the very end; a valid header after the
         # bad record means data that was once good has changed: corruption.
-        torn = _has_valid_header_after(data, off + 1, max_record) < 0
-    elif status == _rec.STATUS_VERSION_GAP:
-        got = struct.unpack_from("<Q", data, off + 8)[0]
+        torn = not _valid_header_follows(fh, head, max_record)
+    elif scan_status == _rec.STATUS_VERSION_GAP:
+        got = struct.unpack_from("<Q", head, 8)[0]
         reason = f"version gap: found version {got}, expected {last_good + 1}"
     if torn and is_last:
         return TornTail(path, file_off, last_good, reason)
@@ -244,9 +261,40 @@ def _classify_stop(data: bytes, scan, path: str, is_last: bool, max_record: int,
     raise WalCorruptError(path, file_off, reason, last_good)
 
 
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
+def _scan_file(wf: WalFile, start: int, expect: int, max_record: int,
+               verify_payload: bool = True):
+    """Scan a WAL file from byte `start` in bounded chunks.
+
+    Yields (file offset of data, data, scan) for every chunk that holds whole, valid records,
+    each record's version following the previous one (`expect` = the version the first must
+    carry, 0 = any). Returns (StopIteration.value) a TornTail if the last file ends torn, or
+    None; raises WalCorruptError for anything else. Memory: one chunk plus one record.
+    """
+    pos = start
+    carry = b""
+    with open(wf.path, "rb") as fh:
+        fh.seek(start)
+        while True:
+            chunk = fh.read(READ_CHUNK_BYTES)
+            at_eof = not chunk
+            if at_eof and not carry:
+                return None
+            data = carry + chunk if carry else chunk
+            scan = _rec.scan(data, max_payload_len=max_record, verify_payload=verify_payload,
+                             expect_version=expect, contiguous=True)
+            if scan.count:
+                expect = int(scan.versions[-1]) + 1
+                yield pos, data, scan
+            if not scan.ok and not (scan.status == _rec.STATUS_INCOMPLETE and not at_eof):
+                last_good = int(scan.versions[-1]) if scan.count else max(expect - 1, 0)
+                return _classify_stop(fh, data[scan.end:], scan.status, scan.reason, wf.path,
+                                      pos + scan.end, not wf.sealed, max_record, last_good)
+            # An incomplete record whose header passed its checks is at most
+            # HEADER_SIZE + max_record bytes, so the carry stays bounded.
+            carry = data[scan.end:]
+            pos += scan.end
+            if at_eof:
+                return None
 
 
 def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
@@ -272,17 +320,19 @@ def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                 expect = first + count
                 epoch_of_last = 0  # unknown until read (below)
             continue
-        data = _read_file(wf.path)
-        scan = _rec.scan(data, max_payload_len=max_record_bytes, expect_version=expect,
-                         contiguous=True)
-        if scan.count:
-            wf.first_version = int(scan.versions[0])
+        chunks = _scan_file(wf, 0, expect, max_record_bytes)
+        while True:
+            try:
+                _pos, _data, scan = next(chunks)
+            except StopIteration as stop:
+                if stop.value is not None:
+                    state.torn_tail = stop.value
+                break
+            if not wf.first_version:
+                wf.first_version = int(scan.versions[0])
             wf.last_version = int(scan.versions[-1])
             expect = wf.last_version + 1
             epoch_of_last = int(scan.epochs[-1])
-        if not scan.ok:
-            state.torn_tail = _classify_stop(data, scan, wf.path, not wf.sealed,
-                                             max_record_bytes, max(expect - 1, 0))
     state.last_epoch = epoch_of_last or _last_epoch_of(state)
     return state
 
@@ -291,9 +341,15 @@ def _last_epoch_of(state: WalState) -> int:
     """Epoch of the last record, read from the last file that holds records."""
     for wf in reversed(state.files):
         if wf.last_version:
-            scan = _rec.scan(_read_file(wf.path), verify_payload=False)
-            if scan.count:
-                return int(scan.epochs[-1])
+            epoch = 0
+            try:
+                for _pos, _data, scan in _scan_file(wf, 0, 0, DEFAULT_MAX_RECORD_BYTES,
+                                                    verify_payload=False):
+                    epoch = int(scan.epochs[-1])
+            except WalCorruptError:
+                pass
+            if epoch:
+                return epoch
     return 0
 
 
@@ -385,10 +441,9 @@ class WalWriter:
         return WalFile(index, path, 0, sealed=False)
 
     def _scan_offsets(self, wf: WalFile) -> list[np.ndarray]:
-        if wf.size == 0:
-            return []
-        scan = _rec.scan(_read_file(wf.path), verify_payload=False)
-        return [scan.offsets]
+        """Byte offsets of the records of the current file (for its index when sealed)."""
+        return [scan.offsets + np.uint64(pos) for pos, _data, scan in
+                _scan_file(wf, 0, 0, self.options.max_record_bytes, verify_payload=False)]
 
     def _rotate(self) -> None:
         """Seal the current file (fsync, index) and start the next one. Lock held."""
@@ -579,23 +634,28 @@ class WalWriter:
             except FileNotFoundError:
                 pass
             cur.sealed = False
-            data = _read_file(cur.path)
-            scan = _rec.scan(data, max_payload_len=self.options.max_record_bytes,
-                             verify_payload=False)
-            keep = scan.versions <= version
-            n = int(keep.sum())
-            cut = int(scan.offsets[n]) if n < scan.count else scan.end
+            offsets, versions, epochs = [], [], []
+            for pos, _data, scan in _scan_file(cur, 0, 0, self.options.max_record_bytes,
+                                               verify_payload=False):
+                offsets.append(scan.offsets + np.uint64(pos))
+                versions.append(scan.versions)
+                epochs.append(scan.epochs)
+            all_offsets = np.concatenate(offsets) if offsets else np.empty(0, np.uint64)
+            all_versions = np.concatenate(versions) if versions else np.empty(0, np.uint64)
+            all_epochs = np.concatenate(epochs) if epochs else np.empty(0, np.uint64)
+            n = int((all_versions <= version).sum())
+            cut = int(all_offsets[n]) if n < len(all_offsets) else cur.size
             with open(cur.path, "r+b") as fh:
                 fh.truncate(cut)
                 os.fsync(fh.fileno())
             _fsync_dir(self.directory)
             cur.size = cut
-            cur.last_version = int(scan.versions[n - 1]) if n else 0
+            cur.last_version = int(all_versions[n - 1]) if n else 0
             if not n:
                 cur.first_version = 0
-            self._offsets_current = [scan.offsets[:n]] if n else []
+            self._offsets_current = [all_offsets[:n]] if n else []
             self.last_version = version
-            self.last_epoch = int(scan.epochs[n - 1]) if n else _last_epoch_of(
+            self.last_epoch = int(all_epochs[n - 1]) if n else _last_epoch_of(
                 WalState(self.directory, self._files))
             self._fd = os.open(cur.path, os.O_WRONLY | os.O_APPEND)
             with self._durable_cond:
@@ -697,46 +757,18 @@ class WalReader:
 
     def _iter_file(self, wf: WalFile, start: int, expect: int,
                    from_version: int) -> Iterator[WalBlock]:
-        pos = start  # file offset of data[0]
-        with open(wf.path, "rb") as fh:
-            fh.seek(start)
-            carry = b""
-            while True:
-                chunk = fh.read(READ_CHUNK_BYTES)
-                at_eof = not chunk
-                if at_eof and not carry:
-                    break
-                data = carry + chunk if carry else chunk
-                scan = _rec.scan(data, max_payload_len=self.max_record_bytes,
-                                 expect_version=expect, contiguous=True)
-                if scan.count:
-                    expect = int(scan.versions[-1]) + 1
-                    keep = scan.versions >= from_version
-                    if keep.any():
-                        i0 = int(np.argmax(keep))
-                        b0 = int(scan.offsets[i0])
-                        block = data[b0:scan.end]
-                        sub = _rec.scan(block, max_payload_len=self.max_record_bytes,
-                                        verify_payload=False)
-                        yield WalBlock(wf, pos + b0, block, sub)
-                if not scan.ok and not (scan.status == _rec.STATUS_INCOMPLETE and not at_eof):
-                    # Classify with the whole rest of the file in view, so a zero run in the
-                    # middle is not mistaken for a zero-filled tail. A torn tail of the last
-                    # file is where the log ends (for a live log: a record being written).
-                    rest = data[scan.end:] + fh.read()
-                    tail_scan = _rec.scan(rest, max_payload_len=self.max_record_bytes,
-                                          expect_version=expect, contiguous=True)
-                    _classify_stop(rest, tail_scan, wf.path, not wf.sealed,
-                                   self.max_record_bytes, max(expect - 1, 0),
-                                   base_offset=pos + scan.end)
-                    break
-                carry = data[scan.end:]
-                pos += scan.end
-                if at_eof:
-                    break
-                if len(carry) > self.max_record_bytes + HEADER_SIZE:
-                    raise WalCorruptError(wf.path, pos, "record larger than the maximum",
-                                          max(expect - 1, 0))
+        # A torn tail of the last file is where the log ends (for a live log: a record still
+        # being written), so the scanner's TornTail return value is not an error here.
+        for pos, data, scan in _scan_file(wf, start, expect, self.max_record_bytes):
+            expect = int(scan.versions[-1]) + 1
+            keep = scan.versions >= from_version
+            if keep.any():
+                i0 = int(np.argmax(keep))
+                b0 = int(scan.offsets[i0])
+                block = data[b0:scan.end]
+                sub = _rec.scan(block, max_payload_len=self.max_record_bytes,
+                                verify_payload=False)
+                yield WalBlock(wf, pos + b0, block, sub)
         self._next_expect = expect
 
     def iter_records(self, from_version: int = 1) -> Iterator[_rec.Record]:
