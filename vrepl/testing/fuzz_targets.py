@@ -1,0 +1,101 @@
+"""Fuzz targets: functions that take arbitrary bytes and must never crash, hang or allocate
+beyond the configured limits. Shared by the atheris harness (`python -m vrepl.testing.fuzz`)
+and the hypothesis fuzz tests (tests/fuzz/).
+
+A target may raise only the errors its contract names (FrameError, WalError and friends: a
+clear rejection). Anything else is a bug the fuzzer reports.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from vrepl import wal
+from vrepl._core import framebuf, record
+from vrepl.errors import VreplError
+
+# The largest record any target accepts: allocations must stay below a small multiple of it.
+FUZZ_MAX_RECORD_BYTES = 64 * 1024
+
+
+def _split(data: bytes) -> tuple[list[int], bytes]:
+    """Use the first bytes of the input as chunk sizes, the rest as the stream."""
+    sizes = [b % 17 + 1 for b in data[:8]]
+    return sizes, data[8:]
+
+
+def target_frame_buffer(data: bytes) -> None:
+    """Feed a stream in input-chosen chunks; take frames until an error or the end."""
+    sizes, stream = _split(data)
+    fb = framebuf.FrameBuffer(max_payload_len=FUZZ_MAX_RECORD_BYTES, initial_bytes=64)
+    pos, i = 0, 0
+    try:
+        while pos < len(stream):
+            n = sizes[i % len(sizes)] if sizes else len(stream)
+            fb.feed(stream[pos:pos + n])
+            pos += n
+            i += 1
+            while fb.next_frame() is not None:
+                pass
+        assert fb.buffered <= len(stream)
+    except VreplError:
+        pass
+
+
+def target_scan(data: bytes) -> None:
+    """Scan arbitrary bytes: never raises, reports a consistent end and count."""
+    r = record.scan(data, max_payload_len=FUZZ_MAX_RECORD_BYTES, contiguous=True)
+    assert 0 <= r.end <= len(data)
+    assert r.count == len(r.versions) == len(r.offsets)
+    if r.count:
+        assert int(r.offsets[-1]) + 36 + int(r.lengths[-1]) == r.end
+    try:
+        record.decode_record(data, 0, FUZZ_MAX_RECORD_BYTES)
+    except VreplError:
+        pass
+
+
+_VALID_PREFIX = record.encode_batch(1, 1, 1, [b"a" * 10, b"b" * 20, b"c" * 5])
+
+
+def target_wal_directory(data: bytes) -> None:
+    """Two WAL files built from the input (the first after a valid prefix): inspect, verify,
+    read and repair must only ever reject with a WalError."""
+    d = tempfile.mkdtemp(prefix="vrepl-fuzz-")
+    try:
+        cut = data[0] if data else 0
+        body = data[1:]
+        first, second = body[:cut], body[cut:]
+        with open(os.path.join(d, wal.wal_file_name(0)), "wb") as fh:
+            fh.write(_VALID_PREFIX + first)
+        if second:
+            with open(os.path.join(d, wal.wal_file_name(1)), "wb") as fh:
+                fh.write(second)
+        try:
+            state = wal.inspect(d, FUZZ_MAX_RECORD_BYTES)
+            n = sum(1 for _ in wal.WalReader(d, FUZZ_MAX_RECORD_BYTES).iter_records(1))
+            assert n <= state.last_version
+            if state.torn_tail is not None:
+                wal.repair(d, FUZZ_MAX_RECORD_BYTES)
+                assert wal.inspect(d, FUZZ_MAX_RECORD_BYTES).torn_tail is None
+        except VreplError:
+            pass
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+TARGETS = {
+    "frame_buffer": target_frame_buffer,
+    "scan": target_scan,
+    "wal_directory": target_wal_directory,
+}
+
+
+def seeds() -> list[bytes]:
+    """Valid inputs the mutators start from."""
+    return [
+        bytes([5, 3, 16, 1, 2, 9, 4, 7]) + _VALID_PREFIX,
+        _VALID_PREFIX,
+        bytes([40]) + _VALID_PREFIX + record.encode_record(1, 4, 2, b"d" * 30),
+    ]
