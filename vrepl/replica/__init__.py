@@ -15,6 +15,7 @@ from vrepl.replica.actions import (
     LogLevel,
     NotifyRole,
     PersistPromisedEpoch,
+    PersistBatch,
     PersistRecords,
     RequestArbitratorGrant,
     ResetConnection,
@@ -22,10 +23,13 @@ from vrepl.replica.actions import (
     StreamWalFrom,
     TruncateWalAfter,
     WriteToCache,
+    WriteToCacheBatch,
 )
 from vrepl.replica.events import (
     AppAcked,
     AppForward,
+    AppForwardBatch,
+    AppRecover,
     ArbitratorConnected,
     ArbitratorGranted,
     ArbitratorLost,

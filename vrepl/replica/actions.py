@@ -3,7 +3,7 @@
 Owns: one frozen dataclass per request, returned in a list by `Replica.step()`/`tick()`.
 
 ORDERING CONTRACT: THE CALLER MUST EXECUTE THE ACTIONS OF ONE LIST IN LIST ORDER, AND AN
-ACTION THAT PERSISTS STATE (PersistPromisedEpoch, PersistRecords, TruncateWalAfter) MUST BE
+ACTION THAT PERSISTS STATE (PersistPromisedEpoch, PersistRecords, PersistBatch, TruncateWalAfter) MUST BE
 ISSUED TO STORAGE BEFORE ANY LATER ACTION OF THE SAME LIST; PersistPromisedEpoch MUST BE
 DURABLE BEFORE ANY LATER Send IS WRITTEN TO A SOCKET. Completion of WAL work comes back as
 events (WalPersisted, TruncateDone), never assumed.
@@ -14,7 +14,7 @@ Must not: do I/O or carry behaviour; each class only has a stable one-line `desc
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vrepl.replica.messages import NO_NODE, PeerMessage, Record, Role
 
@@ -64,6 +64,30 @@ class PersistRecords:
         if first.version == last.version:
             return f"persist_records {first.describe()}"
         return f"persist_records e{first.epoch}v{first.version}..e{last.epoch}v{last.version} ({len(self.records)} records)"
+
+
+@dataclass(frozen=True, slots=True)
+class PersistBatch:
+    """Append records first_version.. with these epochs and payloads to the local WAL: the
+    batched PersistRecords (same rules: durability comes back as WalPersisted, readable by
+    StreamWalFrom as soon as this runs). `block`, when not empty, is exactly these records
+    already encoded as WAL records (a follower received them so): append it unchanged."""
+
+    first_version: int
+    record_epochs: tuple[int, ...]
+    payloads: tuple[bytes, ...]
+    block: bytes = field(default=b"", compare=False, repr=False)
+
+    @property
+    def last_version(self) -> int:
+        return self.first_version + len(self.payloads) - 1
+
+    def describe(self) -> str:
+        e0, e1 = self.record_epochs[0], self.record_epochs[-1]
+        if len(self.payloads) == 1:
+            return f"persist_batch e{e0}v{self.first_version} {len(self.payloads[0])}B"
+        return (f"persist_batch e{e0}v{self.first_version}..e{e1}v{self.last_version}"
+                f" ({len(self.payloads)} records)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +144,19 @@ class WriteToCache:
 
     def describe(self) -> str:
         return f"write_to_cache {self.record.describe()}"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteToCacheBatch:
+    """The batched WriteToCache: a slave hands records first_version.. to its app."""
+
+    first_version: int
+    record_epochs: tuple[int, ...]
+    payloads: tuple[bytes, ...]
+
+    def describe(self) -> str:
+        last = self.first_version + len(self.payloads) - 1
+        return f"write_to_cache_batch v{self.first_version}..v{last} ({len(self.payloads)} records)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +241,12 @@ class FlowControl:
 Action = (
     Send
     | PersistRecords
+    | PersistBatch
     | TruncateWalAfter
     | NotifyRole
     | ConfirmForward
     | WriteToCache
+    | WriteToCacheBatch
     | StreamWalFrom
     | ResetConnection
     | RequestArbitratorGrant

@@ -60,6 +60,29 @@ class AppForward:
 
 
 @dataclass(frozen=True, slots=True)
+class AppForwardBatch:
+    """The app's forwards `first_version ..` (consecutive), handled as one: one PersistBatch,
+    one ForwardBatch per follower, one window entry. The hot path of the sync instance.
+    A refused batch (not master, a limit) consumes none of its versions."""
+
+    first_version: int
+    payloads: tuple[bytes, ...]
+
+    def describe(self) -> str:
+        last = self.first_version + len(self.payloads) - 1
+        return f"app_forward_batch v{self.first_version}..v{last} {sum(map(len, self.payloads))}B"
+
+
+@dataclass(frozen=True, slots=True)
+class AppRecover:
+    """The app asks a follower to match its log with the master again (sync instance
+    recover()); a master or a node without a master ignores it with a logged reason."""
+
+    def describe(self) -> str:
+        return "app_recover"
+
+
+@dataclass(frozen=True, slots=True)
 class WalPersisted:
     """The local WAL is durable up to `up_to_version` (cumulative). After a TruncateDone,
     only records appended after the truncation are reported."""
@@ -143,6 +166,8 @@ Event = (
     | PeerDisconnected
     | Received
     | AppForward
+    | AppForwardBatch
+    | AppRecover
     | WalPersisted
     | AppAcked
     | ArbitratorConnected

@@ -1,11 +1,11 @@
 """Forwarding bookkeeping: the master's pending-ack window, the slave's sync cache, and
 per-peer progress (docs/design.md §4).
 
-Owns: `PendingWindow` (which versions wait for confirmation, cumulative acks per member,
-deadlines in ticks), `SyncCache` (bounded buffer of forwards that arrive ahead of the log
+Owns: `PendingWindowModel`, the plain-Python reference of the pending-ack window (which
+versions wait for confirmation, cumulative acks per member, deadlines in ticks; the replica
+uses its C twin `vrepl._core.window.PendingWindow`), `SyncCache` (bounded buffer of forwards that arrive ahead of the log
 end while a follower catches up, seed: SYNC_CACHE), `PeerProgress` (what the master knows of
-one follower). Plain Python classes with small interfaces so the window can move to
-`vrepl/_core` (Cython) without touching the replica.
+one follower). Plain Python classes with small interfaces.
 Must not: do I/O, read a clock, or know about roles and elections.
 """
 
@@ -18,78 +18,101 @@ from vrepl.replica.invariant import invariant
 from vrepl.replica.messages import Forward
 
 
-class PendingWindow:
-    """Versions forwarded by the master and not yet confirmed, oldest first.
+class PendingWindowModel:
+    """Plain-Python reference of `vrepl._core.window.PendingWindow` (the one the replica uses).
 
-    A version is confirmed once the master's own WAL is durable up to it (member
-    `self_member`) AND `slave_acks_needed` other members acked up to it. Acks are cumulative
-    by version and versions are added in order, so the confirmed set is always a prefix.
+    Versions forwarded by the master and not yet confirmed, oldest first. A version is
+    confirmed once the master's own WAL is durable up to it (member `self_member`) AND
+    `slave_acks_needed` other members acked up to it. Acks are cumulative by version and
+    versions are added in order, so what is confirmed or expires is always a prefix, returned
+    as one (first, last) range. Kept simple and obviously right: tests/unit/test_codec_window.py
+    checks the C window against it on random operation sequences.
     """
 
-    __slots__ = ("_self_member", "_needed", "_limit", "_pending", "_acked")
+    __slots__ = ("self_member", "slave_acks_needed", "limit", "_pending", "_acked")
 
-    def __init__(self, self_member: int, slave_acks_needed: int, limit: int) -> None:
+    def __init__(self, self_member: int, slave_acks_needed: int, limit: int, members: int = 64) -> None:
         invariant(slave_acks_needed >= 0, "acks needed is quorum - 1 >= 0")
         invariant(limit >= 1, "the window needs room for one forward")
-        self._self_member = self_member
-        self._needed = slave_acks_needed
-        self._limit = limit
+        self.self_member = self_member
+        self.slave_acks_needed = slave_acks_needed
+        self.limit = limit
         self._pending: deque[tuple[int, int]] = deque()  # (version, deadline_tick)
         self._acked: dict[int, int] = {}  # member -> highest acked version
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def full(self) -> bool:
-        return len(self._pending) >= self._limit
+    def full(self, n: int = 1) -> bool:
+        return len(self._pending) + n > self.limit
 
     def first_version(self) -> int | None:
         return self._pending[0][0] if self._pending else None
 
+    def last_version(self) -> int | None:
+        return self._pending[-1][0] if self._pending else None
+
     def add(self, version: int, deadline_tick: int) -> None:
-        invariant(not self.full(), "caller checks full() before add()")
-        invariant(not self._pending or version == self._pending[-1][0] + 1, "forwards are added in version order")
-        self._pending.append((version, deadline_tick))
+        self.add_range(version, version, deadline_tick)
+
+    def add_range(self, first: int, last: int, deadline_tick: int) -> None:
+        invariant(not self.full(last - first + 1), "caller checks full() before add")
+        for version in range(first, last + 1):
+            invariant(not self._pending or version == self._pending[-1][0] + 1, "forwards are added in version order")
+            self._pending.append((version, deadline_tick))
 
     def acked_version(self, member: int) -> int:
         return self._acked.get(member, 0)
 
     def slaves_acked(self, version: int) -> int:
         """How many members other than the master acked `version` or later."""
-        return sum(1 for m, v in self._acked.items() if m != self._self_member and v >= version)
+        return sum(1 for m, v in self._acked.items() if m != self.self_member and v >= version)
 
-    def ack(self, member: int, up_to_version: int) -> list[int]:
-        """Record a cumulative ack; return the versions it confirms, in order."""
-        if up_to_version <= self._acked.get(member, 0):
-            return []  # acks can arrive late or repeated; cumulative, so nothing new
-        self._acked[member] = up_to_version
-        point = self._confirm_point()
-        confirmed = []
+    def _pop_through(self, point: int) -> tuple[int, int] | None:
+        out = []
         while self._pending and self._pending[0][0] <= point:
-            confirmed.append(self._pending.popleft()[0])
-        return confirmed
+            out.append(self._pending.popleft()[0])
+        return (out[0], out[-1]) if out else None
 
-    def expire(self, now_tick: int) -> list[int]:
+    def ack(self, member: int, up_to_version: int) -> tuple[int, int] | None:
+        """Record a cumulative ack; return the (first, last) versions it confirms, or None."""
+        if up_to_version <= self._acked.get(member, 0):
+            return None  # acks can arrive late or repeated; cumulative, so nothing new
+        self._acked[member] = up_to_version
+        return self._pop_through(self._confirm_point())
+
+    def expire(self, now_tick: int) -> tuple[int, int] | None:
         """Remove and return versions whose deadline passed (deadlines grow with versions)."""
-        expired = []
-        while self._pending and self._pending[0][1] <= now_tick:
-            expired.append(self._pending.popleft()[0])
-        return expired
+        point = 0
+        for version, deadline in self._pending:
+            if deadline > now_tick:
+                break
+            point = version
+        return self._pop_through(point)
 
-    def clear(self) -> list[int]:
+    def clear(self) -> tuple[int, int] | None:
         """Remove and return every pending version (the master stepped down)."""
-        out = [v for v, _ in self._pending]
-        self._pending.clear()
-        return out
+        return self._pop_through(self._pending[-1][0]) if self._pending else None
+
+    def set_slave_acks_needed(self, needed: int) -> tuple[int, int] | None:
+        self.slave_acks_needed = needed
+        return self._pop_through(self._confirm_point())
+
+    def minority_first(self, first: int, last: int) -> int:
+        needed = self.slave_acks_needed
+        for v in range(first, last + 1):
+            if 0 < self.slaves_acked(v) < needed:
+                return v
+        return 0
 
     def _confirm_point(self) -> int:
-        own = self._acked.get(self._self_member, 0)
-        if self._needed == 0:
+        own = self._acked.get(self.self_member, 0)
+        if self.slave_acks_needed == 0:
             return own
-        others = sorted((v for m, v in self._acked.items() if m != self._self_member), reverse=True)
-        if len(others) < self._needed:
+        others = sorted((v for m, v in self._acked.items() if m != self.self_member), reverse=True)
+        if len(others) < self.slave_acks_needed:
             return 0
-        return min(own, others[self._needed - 1])
+        return min(own, others[self.slave_acks_needed - 1])
 
 
 class SyncCache:

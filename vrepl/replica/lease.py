@@ -47,3 +47,18 @@ class LeaseTable:
         if held is None or held.expires_tick <= now_tick:
             return None
         return held.node, held.epoch
+
+    def restore(self, vgroup_id: int, node: int, epoch: int, now_tick: int) -> None:
+        """Reload a grant remembered across an arbitrator restart.
+
+        The lease is taken as live for a full lease from now: the arbitrator cannot know when
+        it was last renewed, and the master may still hold it. Only that node can renew it
+        until then, so a restart never hands a second node a lease for the same time.
+        """
+        held = self._by_vgroup.get(vgroup_id)
+        if held is None or epoch >= held.epoch:
+            self._by_vgroup[vgroup_id] = _Lease(epoch, node, now_tick + self.lease_ticks)
+
+    def granted(self) -> dict[int, tuple[int, int]]:
+        """vgroup -> (node, epoch) of the latest grant, live or not (what to persist)."""
+        return {vg: (lease.node, lease.epoch) for vg, lease in self._by_vgroup.items()}

@@ -12,7 +12,7 @@ so peer messages do not repeat them (Status carries `sender` as a cross-check).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NO_NODE = -1  # "no node" in node-id fields (promised_master before any promise)
 
@@ -133,13 +133,19 @@ class Forward:
 
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
-    """Consecutive records `first_version ..` in one frame; same rules as Forward per record."""
+    """Consecutive records `first_version ..` in one frame; same rules as Forward per record.
+
+    `block`, when not empty, is the same records already encoded as WAL records (what the
+    wire codec received): a follower that appends the whole batch hands it to its WAL as it
+    is (PersistBatch.block). It carries no information of its own and is not compared.
+    """
 
     epoch: int
     first_version: int
     prev_epoch: int
     record_epochs: tuple[int, ...]
     payloads: tuple[bytes, ...]
+    block: bytes = field(default=b"", compare=False, repr=False)
 
     def forwards(self) -> tuple[Forward, ...]:
         out = []

@@ -25,6 +25,7 @@ from vrepl.replica.actions import (
     Log,
     LogLevel,
     NotifyRole,
+    PersistBatch,
     PersistPromisedEpoch,
     PersistRecords,
     RequestArbitratorGrant,
@@ -33,10 +34,13 @@ from vrepl.replica.actions import (
     StreamWalFrom,
     TruncateWalAfter,
     WriteToCache,
+    WriteToCacheBatch,
 )
 from vrepl.replica.events import (
     AppAcked,
     AppForward,
+    AppForwardBatch,
+    AppRecover,
     ArbitratorConnected,
     ArbitratorGranted,
     ArbitratorLost,
@@ -49,7 +53,8 @@ from vrepl.replica.events import (
     TruncateDone,
     WalPersisted,
 )
-from vrepl.replica.forward import PeerProgress, PeerState, PendingWindow, SyncCache
+from vrepl._core.window import PendingWindow
+from vrepl.replica.forward import PeerProgress, PeerState, SyncCache
 from vrepl.replica.history import EpochHistory, history_invalid
 from vrepl.replica.invariant import invariant
 from vrepl.replica.messages import (
@@ -253,6 +258,8 @@ class Replica:
             PeerDisconnected: self.on_peer_disconnected,
             Received: self.on_received,
             AppForward: self.on_app_forward,
+            AppForwardBatch: self.on_app_forward_batch,
+            AppRecover: self.on_app_recover,
             WalPersisted: self.on_wal_persisted,
             AppAcked: self.on_app_acked,
             ArbitratorConnected: self.on_arbitrator_connected,
@@ -495,7 +502,7 @@ class Replica:
         invariant(self.promised_epoch > self.last_epoch, "a master's epoch is newer than every record it has")
         self.master = self.node
         self.peers = {i: PeerProgress() for i in range(self.n) if i != self.me}
-        self.window = PendingWindow(self.me, self.cfg.quorum_effective - 1, self.cfg.max_inflight_forwards)
+        self.window = PendingWindow(self.me, self.cfg.quorum_effective - 1, self.cfg.max_inflight_forwards, self.n)
         # Records inherited from older epochs need no confirmation; the window starts empty.
         self.window.ack(self.me, self.durable_version)
         self.flow_level = 0
@@ -589,7 +596,7 @@ class Replica:
                 self.on_heartbeat_timeout(i)
         if self.window is not None:
             expired = self.window.expire(now)
-            if expired:
+            if expired is not None:
                 self.on_forward_timeout(expired)
         if self._grant_request is not None and now - self._grant_request[1] >= cfg.heartbeat_timeout_ticks:
             self._grant_request = None  # unanswered: ask again
@@ -610,22 +617,22 @@ class Replica:
         self._emit(ResetConnection(self.nodes[i], f"silent for {ticks} ticks"))
         self._mark_offline(i, f"silent for {ticks} ticks (heartbeat_timeout_ticks)")
 
-    def on_forward_timeout(self, versions: list[int]) -> None:
+    def on_forward_timeout(self, span: tuple[int, int]) -> None:
         invariant(self.window is not None, "only a master has forwards to time out")
-        needed = self.cfg.quorum_effective - 1
-        minority = [v for v in versions if 0 < self.window.slaves_acked(v) < needed]
-        self.counters["confirmed_timed_out"] += len(versions)
-        self._confirm_range(versions, ConfirmStatus.TIMED_OUT)
+        first, last = span
+        minority = self.window.minority_first(first, last)
+        self.counters["confirmed_timed_out"] += last - first + 1
+        self._confirm_range(span, ConfirmStatus.TIMED_OUT)
         if minority:
             # seed 少数虚拟节点写入成功的问题: some replicas hold a write the app was told
             # failed. Reset replication so the group re-elects and every log matches again.
             self.counters["minority_resets"] += 1
-            self._log(LogLevel.WARNING, f"minority write v{minority[0]}: resetting replication")
+            self._log(LogLevel.WARNING, f"minority write v{minority}: resetting replication")
             for i in range(self.n):
                 if i != self.me and self.connected[i]:
-                    self._emit(ResetConnection(self.nodes[i], f"minority write v{minority[0]}"))
+                    self._emit(ResetConnection(self.nodes[i], f"minority write v{minority}"))
                     self._mark_offline(i, "replication reset")
-            self._step_down(f"minority write v{minority[0]}")
+            self._step_down(f"minority write v{minority}")
 
     # ------------------------------------------------------------------ master: forwarding
 
@@ -638,6 +645,74 @@ class Replica:
         if self.window is not None and self.window.full():
             return f"{len(self.window)} forwards in flight (max_inflight_forwards)"
         return None
+
+    def forward_batch_refusal(self, first_version: int, payloads: tuple[bytes, ...]) -> str | None:
+        """Why the master cannot take this batch of forwards now, or None."""
+        if first_version != self.last_version + 1:
+            return f"v{first_version} is not the next version v{self.last_version + 1}"
+        biggest = max(map(len, payloads))
+        if biggest > self.cfg.record_max_bytes:
+            return f"{biggest} bytes exceeds record_max_bytes {self.cfg.record_max_bytes}"
+        if self.window is not None and self.window.full(len(payloads)):
+            return f"{len(self.window)} + {len(payloads)} forwards in flight (max_inflight_forwards)"
+        return None
+
+    def on_app_forward_batch(self, ev: AppForwardBatch) -> None:
+        """The batched on_app_forward: one PersistBatch, one ForwardBatch per follower."""
+        n = len(ev.payloads)
+        if n == 0:
+            return
+        first, last = ev.first_version, ev.first_version + n - 1
+        if self.role != Role.MASTER:
+            self._emit(ConfirmForward(first, last, ConfirmStatus.NOT_MASTER))
+            return
+        reason = self.forward_batch_refusal(first, ev.payloads)
+        if reason:
+            self.counters["refused_forwards"] += n
+            self._log(LogLevel.WARNING, f"refused forwards v{first}..v{last}: {reason}")
+            self._emit(ConfirmForward(first, last, ConfirmStatus.FAILED))
+            return
+        invariant(self.window is not None, "a master has a window")
+        epoch = self.promised_epoch
+        prev_epoch = self.last_epoch
+        self.history.note_append(epoch, first)
+        self.last_version = last
+        self.last_epoch = epoch
+        epochs = (epoch,) * n
+        payloads = tuple(ev.payloads)
+        self._emit(PersistBatch(first, epochs, payloads))
+        size = sum(map(len, payloads))
+        msg = ForwardBatch(epoch, first, prev_epoch, epochs, payloads)
+        for i, peer in self.peers.items():
+            if peer.state == PeerState.REPLICATING and self.connected[i]:
+                self._emit(Send(self.nodes[i], msg))
+                peer.forwards += n
+                peer.forward_bytes += size
+                self.counters["forwards_sent"] += n
+                self.counters["forward_bytes_sent"] += size
+        self.window.add_range(first, last, self.now_tick + self.cfg.forward_timeout_ticks)
+        self._check_flow()
+
+    def on_app_recover(self, ev: AppRecover) -> None:
+        if self.role not in (Role.SLAVE, Role.SYNCING) or self.truncating_to is not None:
+            self._log(LogLevel.INFO, f"ignored app recover: role {self.role.describe()}, nothing to resync from")
+            return
+        self._resync("the app asked to recover")
+
+    def set_quorum(self, quorum: int) -> list[Action]:
+        """Change the quorum (reconfig). 0 means a majority. Returns actions to execute (a
+        master may confirm pending forwards at once when the quorum goes down)."""
+        invariant(self._started, "start() before set_quorum()")
+        self._out = []
+        cfg = dataclasses.replace(self.cfg, quorum=quorum)
+        reason = config_invalid(cfg)
+        invariant(reason is None, f"set_quorum: {reason}")
+        self.cfg = cfg
+        self._log(LogLevel.INFO, f"quorum is now {cfg.quorum_effective}")
+        if self.window is not None:
+            self._confirm_range(self.window.set_slave_acks_needed(cfg.quorum_effective - 1), ConfirmStatus.OK)
+        self._maybe_ack()
+        return self._finish()
 
     def on_app_forward(self, ev: AppForward) -> None:
         if self.role != Role.MASTER:
@@ -697,21 +772,16 @@ class Replica:
         self._confirm_range(self.window.ack(i, ack.acked_version), ConfirmStatus.OK)
         self._check_flow()
 
-    def _confirm_range(self, versions: list[int], status: ConfirmStatus) -> None:
-        """Emit one ConfirmForward per contiguous run of versions."""
-        if not versions:
+    def _confirm_range(self, span: tuple[int, int] | None, status: ConfirmStatus) -> None:
+        """Emit one ConfirmForward for the (first, last) versions the window released."""
+        if span is None:
             return
+        first, last = span
         if status == ConfirmStatus.OK:
-            self.counters["confirmed_ok"] += len(versions)
+            self.counters["confirmed_ok"] += last - first + 1
         elif status == ConfirmStatus.FAILED:
-            self.counters["confirmed_failed"] += len(versions)
-        first = prev = versions[0]
-        for v in versions[1:]:
-            if v != prev + 1:
-                self._emit(ConfirmForward(first, prev, status))
-                first = v
-            prev = v
-        self._emit(ConfirmForward(first, prev, status))
+            self.counters["confirmed_failed"] += last - first + 1
+        self._emit(ConfirmForward(first, last, status))
 
     def _check_flow(self) -> None:
         # Hysteresis: slow down above the limit, resume below half of it.
@@ -845,7 +915,38 @@ class Replica:
         if len(batch.record_epochs) != len(batch.payloads) or not batch.payloads:
             self._log(LogLevel.WARNING, f"ignored malformed {batch.describe()} from n{self.nodes[i]}")
             return
+        epochs = batch.record_epochs
+        if (
+            batch.first_version == self.last_version + 1
+            and batch.prev_epoch == self.last_epoch
+            and self.sync_started
+            and self.truncating_to is None
+            and not len(self.cache)
+            and self._is_my_master(i, batch.epoch)
+            and epochs[0] == epochs[-1]
+            and self.last_epoch <= epochs[0] <= batch.epoch
+            and len(set(epochs)) == 1
+        ):
+            self._append_batch(batch)
+            return
+        # Anything unusual (a gap, a stale epoch, mixed record epochs) takes the per-record path.
         self._on_forwards(i, batch.epoch, batch.forwards())
+
+    def _append_batch(self, batch: ForwardBatch) -> None:
+        """Fast path of _on_forwards for a batch that extends the log as it is: the same
+        checks, made once for the batch (docs/design.md §4.2)."""
+        n = len(batch.payloads)
+        self.counters["forwards_received"] += n
+        self.counters["forward_bytes_received"] += sum(map(len, batch.payloads))
+        epoch = batch.record_epochs[0]
+        self.history.note_append(epoch, batch.first_version)
+        self.last_version = batch.first_version + n - 1
+        self.last_epoch = epoch
+        self.matched_version = self.last_version
+        self._emit(PersistBatch(batch.first_version, batch.record_epochs, batch.payloads, batch.block))
+        self._emit(WriteToCacheBatch(batch.first_version, batch.record_epochs, batch.payloads))
+        self._update_follower_role()
+        self._maybe_ack()
 
     def on_forward(self, i: int, fwd: Forward) -> None:
         self._on_forwards(i, fwd.epoch, (fwd,))

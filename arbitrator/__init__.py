@@ -1,0 +1,2 @@
+"""vrepl's standalone arbitrator (`vrepl-arbitrator`): see arbitrator/server.py and
+docs/arbitrator.md."""

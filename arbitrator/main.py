@@ -1,0 +1,117 @@
+"""`vrepl-arbitrator`: run the arbitrator from a TOML config and/or flags.
+
+Owns: configuration parsing and validation, logging setup, signals. Exit codes: 0 stopped by
+SIGTERM/SIGINT, 2 bad configuration (one line on stderr), 1 could not start (port in use...).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import tomllib
+
+from arbitrator.server import Arbitrator, ArbitratorConfig
+
+KEYS = {"host": str, "port": int, "secret": str, "secret_file": str, "state_dir": str,
+        "lease_ms": int, "max_connections": int, "handshake_timeout_ms": int,
+        "idle_timeout_ms": int, "log_level": str, "log_file": str}
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_config(path: str | None, overrides: dict) -> tuple[ArbitratorConfig, dict]:
+    raw: dict = {}
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                raw = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raw = raw.get("arbitrator", raw)
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in raw.items():
+        if key not in KEYS:
+            raise ConfigError(f"unknown setting '{key}' (known: {', '.join(sorted(KEYS))})")
+        if not isinstance(value, KEYS[key]) or isinstance(value, bool):
+            raise ConfigError(f"setting '{key}' must be {KEYS[key].__name__}, got {value!r}")
+    secret = raw.get("secret", "").encode()
+    if raw.get("secret_file"):
+        try:
+            with open(raw["secret_file"], "rb") as fh:
+                secret = fh.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"{raw['secret_file']}: cannot read the secret: {exc.strerror}")
+    if not secret:
+        raise ConfigError("no cluster secret: set 'secret_file' (or 'secret')")
+    if not 0 <= raw.get("port", 6042) <= 65535:
+        raise ConfigError(f"port {raw['port']} out of range")
+    for key in ("lease_ms", "max_connections", "handshake_timeout_ms", "idle_timeout_ms"):
+        if key in raw and raw[key] <= 0:
+            raise ConfigError(f"setting '{key}' must be positive, got {raw[key]}")
+    cfg = ArbitratorConfig(
+        host=raw.get("host", "127.0.0.1"), port=raw.get("port", 6042), secret=secret,
+        state_dir=raw.get("state_dir", "."), lease_ms=raw.get("lease_ms", 2000),
+        max_connections=raw.get("max_connections", 1024),
+        handshake_timeout_ms=raw.get("handshake_timeout_ms", 5000),
+        idle_timeout_ms=raw.get("idle_timeout_ms", 30000))
+    return cfg, raw
+
+
+async def _run(cfg: ArbitratorConfig) -> None:
+    arb = Arbitrator(cfg)
+    await arb.start()
+    print(f"vrepl-arbitrator: listening on {cfg.host}:{arb.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await arb.stop()
+    logging.getLogger("vrepl.arbitrator").info("arbitrator: stopped (%d grants, %d refusals)",
+                                               arb.grants, arb.refusals)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="vrepl-arbitrator", description="vrepl arbitrator:"
+                                 " grants one master per vgroup and epoch a renewable lease")
+    ap.add_argument("--config", help="TOML file (keys as below, optionally under [arbitrator])")
+    ap.add_argument("--host")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--secret-file", dest="secret_file")
+    ap.add_argument("--state-dir", dest="state_dir")
+    ap.add_argument("--lease-ms", dest="lease_ms", type=int)
+    ap.add_argument("--log-level", dest="log_level")
+    ap.add_argument("--log-file", dest="log_file")
+    args = ap.parse_args(argv)
+    overrides = {k: getattr(args, k) for k in ("host", "port", "secret_file", "state_dir",
+                                                "lease_ms", "log_level", "log_file")}
+    try:
+        cfg, raw = load_config(args.config, overrides)
+        level = raw.get("log_level", "info").upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"log_level '{raw['log_level']}' is not debug/info/warning/error")
+        logging.basicConfig(level=level, filename=raw.get("log_file"),
+                            format="%(asctime)s %(levelname)s %(message)s")
+        os.makedirs(cfg.state_dir, exist_ok=True)
+        asyncio.run(_run(cfg))
+    except ConfigError as exc:
+        print(f"vrepl-arbitrator: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # unreadable state file
+        print(f"vrepl-arbitrator: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"vrepl-arbitrator: error: cannot start: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The arbitrator process: grants at most one master per vgroup and epoch a renewable lease.
+
+Owns: the arbitrator's TCP server, its connections (authenticated with the same hello as peer
+connections: vrepl/transport/handshake.py), the lease table (vrepl/replica/lease.py, shared
+with the simulator so the rule is written once) and the state file that carries grants across
+a restart. docs/arbitrator.md states the guarantee.
+
+TDengine's arbitrator only held connections, so a 2-replica group whose direct link broke
+while both replicas still reached the arbitrator elected two masters. This one answers each
+ArbitratorRequest(vgroup, node, epoch, lease_ms) with a grant only if no other node holds a
+live lease for that vgroup and no newer epoch was ever granted; the master renews before the
+lease runs out and steps down when it cannot.
+
+Must not: grant a lease shorter than the one asked for (the master counts its lease from the
+moment it asked), forget a grant across a restart, or talk to anything but its clients.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from vrepl.errors import FrameError
+from vrepl.replica.lease import LeaseTable
+from vrepl.replica.messages import ArbitratorGrant, ArbitratorRequest
+from vrepl.transport import codec
+from vrepl.transport.handshake import (HANDSHAKE_MAX_FRAME_BYTES, FramedStream,
+                                       HandshakeError, server_handshake)
+
+log = logging.getLogger("vrepl.arbitrator")
+
+STATE_FILE = "arbitrator-state.json"
+MAX_REQUEST_FRAME_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class ArbitratorConfig:
+    host: str = "127.0.0.1"
+    port: int = 6042
+    secret: bytes = b""
+    state_dir: str = "."
+    lease_ms: int = 2000          # how long a grant holds; requests above it are refused
+    max_connections: int = 1024
+    handshake_timeout_ms: int = 5000
+    idle_timeout_ms: int = 30000  # a client silent this long is disconnected
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Arbitrator:
+    """One arbitrator: `await start()`, then `await serve_forever()` or `await stop()`."""
+
+    def __init__(self, config: ArbitratorConfig):
+        if not config.secret:
+            raise ValueError("arbitrator: the cluster secret is empty")
+        self.config = config
+        # Ticks are milliseconds of the monotonic clock.
+        self.leases = LeaseTable(config.lease_ms)
+        self._server: asyncio.base_events.Server | None = None
+        self._clients: set[asyncio.StreamWriter] = set()
+        self.grants = 0
+        self.refusals = 0
+        self._load_state()
+
+    # -- state across restarts -------------------------------------------------------------
+    @property
+    def state_path(self) -> str:
+        return os.path.join(self.config.state_dir, STATE_FILE)
+
+    def _load_state(self) -> None:
+        try:
+            with open(self.state_path, encoding="utf-8") as fh:
+                saved = json.load(fh)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{self.state_path}: unreadable arbitrator state: {exc}") from exc
+        now = _now_ms()
+        for vg, (node, epoch) in saved.get("grants", {}).items():
+            self.leases.restore(int(vg), int(node), int(epoch), now)
+            log.info("arbitrator: vg%s restored grant n%s e%s; held for %d ms",
+                     vg, node, epoch, self.config.lease_ms)
+
+    def _save_state(self) -> None:
+        """Persist the latest grant per vgroup BEFORE the grant is sent (a restart must not
+        hand the same epoch, or an older one, to another node)."""
+        os.makedirs(self.config.state_dir, exist_ok=True)
+        tmp = self.state_path + ".tmp"
+        grants = {str(vg): [node, epoch] for vg, (node, epoch) in self.leases.granted().items()}
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"grants": grants}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.state_path)
+        dfd = os.open(self.config.state_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- decisions -------------------------------------------------------------------------
+    def decide(self, req: ArbitratorRequest, now_ms: int | None = None) -> ArbitratorGrant:
+        """Answer one request (pure apart from the state file)."""
+        now = _now_ms() if now_ms is None else now_ms
+        if req.lease_ms > self.config.lease_ms:
+            reason = (f"lease of {req.lease_ms} ms asked, this arbitrator grants at most"
+                      f" {self.config.lease_ms} ms (config lease_ms)")
+        else:
+            before = self.leases.granted().get(req.vgroup_id)
+            reason = self.leases.request(req.vgroup_id, req.node, req.epoch, now)
+            if reason is None and before != (req.node, req.epoch):
+                self._save_state()
+        granted = reason is None
+        if granted:
+            self.grants += 1
+            log.debug("arbitrator: vg%d n%d e%d lease %d ms granted", req.vgroup_id,
+                      req.node, req.epoch, self.config.lease_ms)
+        else:
+            self.refusals += 1
+            log.info("arbitrator: vg%d n%d e%d refused: %s", req.vgroup_id, req.node,
+                     req.epoch, reason)
+        return ArbitratorGrant(req.vgroup_id, req.node, req.epoch, self.config.lease_ms,
+                               1 if granted else 0)
+
+    # -- network ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._on_client, self.config.host,
+                                                  self.config.port)
+        addr = self._server.sockets[0].getsockname()
+        log.info("arbitrator: listening on %s:%d, lease %d ms, state %s", addr[0], addr[1],
+                 self.config.lease_ms, self.state_path)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        async with self._server:
+            await self._server.serve_forever()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._clients):
+            w.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def _check_hello(self, hello: codec.Hello) -> str | None:
+        if hello.kind != codec.ConnKind.ARBITRATOR:
+            return f"connection kind {hello.kind} is not an arbitrator connection"
+        if hello.target_node != codec.ARBITRATOR_NODE_ID:
+            return f"hello names node {hello.target_node}, this is the arbitrator"
+        return None
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        peer = writer.get_extra_info("peername")
+        if len(self._clients) >= self.config.max_connections:
+            log.warning("arbitrator: %s refused: %d connections (max_connections)", peer,
+                        len(self._clients))
+            writer.close()
+            return
+        self._clients.add(writer)
+        stream = FramedStream(reader, writer, max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES)
+        who = f"{peer}"
+        try:
+            hello = await server_handshake(
+                stream, secret=self.config.secret, node=codec.ARBITRATOR_NODE_ID,
+                check_hello=self._check_hello, max_frame_bytes=MAX_REQUEST_FRAME_BYTES,
+                timeout_s=self.config.handshake_timeout_ms / 1000)
+            who = f"vg{hello.vgroup_id} n{hello.node} ({peer[0]}:{peer[1]})"
+            log.info("arbitrator: %s connected", who)
+            while True:
+                msg = await asyncio.wait_for(stream.recv(),
+                                             self.config.idle_timeout_ms / 1000)
+                if not isinstance(msg, ArbitratorRequest):
+                    raise FrameError(f"unexpected {type(msg).__name__} on an arbitrator"
+                                     f" connection")
+                if (msg.vgroup_id, msg.node) != (hello.vgroup_id, hello.node):
+                    raise FrameError(f"request for vg{msg.vgroup_id} n{msg.node} on a"
+                                     f" connection authenticated as vg{hello.vgroup_id}"
+                                     f" n{hello.node}")
+                stream.send(self.decide(msg))
+                await stream.drain()
+        except (HandshakeError, FrameError) as exc:
+            log.warning("arbitrator: %s closed: %s", who, exc)
+        except asyncio.TimeoutError:
+            log.info("arbitrator: %s closed: idle for %d ms", who, self.config.idle_timeout_ms)
+        except (EOFError, ConnectionError):
+            log.info("arbitrator: %s disconnected", who)
+        finally:
+            self._clients.discard(writer)
+            writer.close()

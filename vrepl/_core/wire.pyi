@@ -1,0 +1,9 @@
+from collections.abc import Buffer, Sequence
+
+FORWARD_PREFIX_BYTES: int
+
+def encode_forward_frame(msg_type: int, first_version: int, epoch: int, prev_epoch: int, block: Buffer) -> bytes: ...
+def encode_records(first_version: int, record_epochs: Sequence[int], payloads: Sequence[Buffer], data_type: int = 1) -> bytes: ...
+def decode_forward_body(
+    body: Buffer, first_version: int, max_record_len: int
+) -> tuple[int, tuple[int, ...], tuple[bytes, ...], bytes]: ...

@@ -1,0 +1,959 @@
+"""The embedding API: one `SyncInstance` per vgroup on a node (docs/embedding.md).
+
+Owns: the sync instance a vnode starts for each vgroup — its replica (vrepl.replica, the pure
+state machine), its WAL and promise (vrepl.transport.storage, a WAL thread with group
+commit), its peer and arbitrator connections (vrepl.transport.node), its tick timer — and the
+app-facing calls and callbacks of the seed (syncForwardToPeer, syncAckForward, writeToCache,
+confirmForward, notifyRole, notifyFlowControl, ...).
+
+Threads: everything that touches the replica runs on the I/O thread (vrepl.transport.loop,
+one per process). `forward()` and `ack_forward()` may be called from any thread: they append
+to a queue under a lock and wake the I/O thread only when the queue goes non-empty; the I/O
+thread drains the queue into ONE AppForwardBatch event per run of consecutive versions, which
+gives ONE WAL append and ONE ForwardBatch frame per follower. Callbacks are called on the I/O
+thread (docs/embedding.md §Callbacks and threads) and must not block.
+
+Actions are executed IN ORDER (vrepl/replica/actions.py): PersistPromisedEpoch is written
+and fsynced before the next action runs; PersistRecords/PersistBatch are queued to the WAL
+thread before any later action (the WAL reports durability back as WalPersisted, which is
+what lets a slave ack and a master confirm); frames queued by one batch of events leave in
+one write per connection when the batch ends.
+Must not: block the I/O thread on the network, or call the app while holding a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from vrepl import wal as _wal
+from vrepl._core import wire as _wire
+from vrepl.config import ReplicaAddress, SyncConfig, parse_endpoint, sync_config_invalid
+from vrepl.errors import ConfigError, FrameError, VreplError
+from vrepl.replica import (
+    NO_NODE,
+    AckStatus,
+    AppAcked,
+    AppForwardBatch,
+    AppRecover,
+    ArbitratorConnected,
+    ArbitratorGrant,
+    ArbitratorGranted,
+    ArbitratorLost,
+    ArbitratorRefused,
+    ArbitratorRequest,
+    ConfirmForward,
+    ConfirmStatus,
+    FlowControl,
+    Forward,
+    ForwardAck,
+    ForwardBatch,
+    Heartbeat,
+    Log,
+    NotifyRole,
+    PeerConnected,
+    PeerDisconnected,
+    PersistBatch,
+    PersistPromisedEpoch,
+    PersistRecords,
+    Received,
+    Replica,
+    RequestArbitratorGrant,
+    ResetConnection,
+    Role,
+    Send,
+    Status,
+    StreamWalFrom,
+    SyncRequest,
+    SyncStart,
+    TruncateDone,
+    TruncateRequest,
+    TruncateWalAfter,
+    WalPersisted,
+    WriteToCache,
+    WriteToCacheBatch,
+)
+from vrepl.transport import codec
+from vrepl.transport.codec import ConnKind
+from vrepl.transport.loop import IoLoop
+from vrepl.transport.node import Connection, NodeTransport
+from vrepl.transport.storage import WalStore
+
+log = logging.getLogger("vrepl.sync")
+core_log = logging.getLogger("vrepl.replica")
+
+ForwardStatus = ConfirmStatus  # ok / failed / timed_out / not_master, as confirm_forward reports
+PEER_MESSAGE_TYPES = (Status, Heartbeat, Forward, ForwardBatch, ForwardAck, SyncRequest, TruncateRequest, SyncStart)
+MAX_CATCH_UP_TICKS = 10_000  # after a long stall (SIGSTOP), ticks are replayed up to this many
+
+
+class NotRunningError(VreplError, RuntimeError):
+    """The sync instance is not started, was stopped, or failed (see the message)."""
+
+
+class FlowControlError(VreplError, BufferError):
+    """forward() refused: max_inflight_forwards forwards are queued or unconfirmed. The
+    version was not taken; forward it again later (notify_flow_control said so first)."""
+
+
+class ReconfigError(VreplError, NotImplementedError):
+    """reconfig() was asked for a change this version cannot make (it names which)."""
+
+
+@dataclass
+class SyncCallbacks:
+    """The app's callbacks (docs/embedding.md §Callbacks and threads). All optional.
+
+    I/O thread: write_to_cache(version, payload) or write_to_cache_batch(first_version,
+    payloads); confirm_forward(version, status) or confirm_forward_range(first, last, status);
+    notify_role(role, epoch, master); notify_flow_control(level); notify_wal_truncated(version).
+    The thread calling start(): get_version().
+    Kept for the restore flow (a later issue), not called yet: get_wal_info, get_file_info,
+    notify_file_synced.
+    """
+
+    write_to_cache: Callable[[int, bytes], Any] | None = None
+    write_to_cache_batch: Callable[[int, tuple[bytes, ...]], Any] | None = None
+    confirm_forward: Callable[[int, ConfirmStatus], Any] | None = None
+    confirm_forward_range: Callable[[int, int, ConfirmStatus], Any] | None = None
+    notify_role: Callable[[str, int, int | None], Any] | None = None
+    notify_flow_control: Callable[[int], Any] | None = None
+    notify_wal_truncated: Callable[[int], Any] | None = None
+    get_version: Callable[[], int] | None = None
+    get_wal_info: Callable[..., Any] | None = None
+    get_file_info: Callable[..., Any] | None = None
+    notify_file_synced: Callable[..., Any] | None = None
+
+
+class SyncInstance:
+    """Replication of one vgroup on this node. start(), then forward()/ack_forward(), stop()."""
+
+    def __init__(self, config: SyncConfig, callbacks: SyncCallbacks | None = None, **callback_kwargs: Any) -> None:
+        reason = sync_config_invalid(config)
+        if reason:
+            raise ConfigError(f"vg{config.vgroup_id}: {reason}")
+        if callbacks is not None and callback_kwargs:
+            raise TypeError("pass callbacks either as a SyncCallbacks or as keywords, not both")
+        self.cfg = config
+        self.cb = callbacks or SyncCallbacks(**callback_kwargs)
+        self.node = config.me.node
+        self._addr_by_node: dict[int, ReplicaAddress] = {r.node: r for r in config.replicas}
+        self.replica: Replica | None = None
+        self.io: IoLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.nt: NodeTransport | None = None
+        self.store: WalStore | None = None
+        self._state = "new"  # new -> running -> stopped | failed
+        self._failure = ""
+        self._conns: dict[int, Connection] = {}
+        self._arb_conn: Connection | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._deferred: list[object] = []
+        self._executing = False
+        self._batch_block: tuple[tuple[bytes, ...], bytes] | None = None
+        self._durable_waiters: list[tuple[int, asyncio.Future]] = []
+        self._core_flow = 0
+        self._flow_level = 0
+        self._role = Role.UNSYNCED
+        self._epoch = 0
+        self._master: int | None = None
+        # The app-facing queue (any thread, under _qlock).
+        self._qlock = threading.Lock()
+        self._runs: list[tuple[int, list[bytes]]] = []
+        self._queued = 0
+        self._signalled = False
+        self._app_acked = 0
+        self._app_acked_fed = 0
+        self._ack_failures: list[int] = []
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "forwards",
+                "forward_bytes",
+                "forwards_refused_flow_control",
+                "confirmed_ok",
+                "confirmed_failed",
+                "confirmed_timed_out",
+                "confirmed_not_master",
+                "app_acks",
+                "records_written_to_cache",
+                "connections_refused",
+                "connections_opened",
+                "connections_closed",
+                "streams",
+                "streamed_records",
+            ),
+            0,
+        )
+
+    # ================================================================== app thread API
+
+    def start(self) -> "SyncInstance":
+        """Open the WAL, read the promise, listen (shared per node), connect, start ticking."""
+        if self._state != "new":
+            raise NotRunningError(f"vg{self.cfg.vgroup_id}: start() called in state {self._state}")
+        cfg = self.cfg
+        self.store = WalStore(
+            cfg.data_path,
+            max_record_bytes=cfg.record_max_bytes,
+            max_file_bytes=cfg.wal_max_file_bytes,
+            on_durable=self._wal_durable_threadsafe,
+            on_truncated=self._wal_truncated_threadsafe,
+            on_error=self._wal_error_threadsafe,
+            name=f"vrepl-wal-vg{cfg.vgroup_id}",
+        )
+        os.makedirs(cfg.data_path, exist_ok=True)
+        self.io = IoLoop.shared()
+        self.loop = self.io.loop
+        try:
+            disk = self.store.open()
+            if disk.repaired_tail:
+                log.warning("%s: WAL had a torn tail, truncated: %s", self._prefix_static(), disk.repaired_tail)
+            self.replica = Replica(self._replica_config(disk))
+            if self.cb.get_version is not None:
+                app_version = self.cb.get_version()
+                if app_version > disk.last_version:
+                    log.warning(
+                        "%s: the app reports v%d but the WAL ends at v%d: the app holds records the WAL lacks",
+                        self._prefix_static(), app_version, disk.last_version,
+                    )
+            self.io.run(self._start_in_loop(), timeout_s=30)
+        except BaseException:
+            self.store.close()
+            self.io.release()
+            self._state = "failed"
+            raise
+        return self
+
+    def forward(self, version: int, payload: bytes) -> None:
+        """Write and replicate record `version` (the next version, strictly in order; any
+        thread; never blocks). The outcome comes later through confirm_forward."""
+        if self._state != "running":
+            raise NotRunningError(f"vg{self.cfg.vgroup_id}: forward() while {self._state} {self._failure}".rstrip())
+        with self._qlock:
+            window = self.replica.window if self.replica is not None else None
+            inflight = self._queued + (len(window) if window is not None else 0)
+            if inflight >= self.cfg.max_inflight_forwards:
+                self.counters["forwards_refused_flow_control"] += 1
+                raise FlowControlError(
+                    f"vg{self.cfg.vgroup_id}: {inflight} forwards queued or unconfirmed (max_inflight_forwards)"
+                )
+            runs = self._runs
+            if runs and runs[-1][0] + len(runs[-1][1]) == version:
+                runs[-1][1].append(payload)
+            else:
+                runs.append((version, [payload]))
+            self._queued += 1
+            if self._signalled:
+                return
+            self._signalled = True
+        self._signal()
+
+    def ack_forward(self, version: int, status: int = AckStatus.OK) -> None:
+        """A slave's app applied and persisted every record up to `version` (cumulative), or
+        failed to apply `version` (status FAILED: replication with the master is reset)."""
+        if self._state != "running":
+            return
+        with self._qlock:
+            if status == AckStatus.OK:
+                if version > self._app_acked:
+                    self._app_acked = version
+            else:
+                self._ack_failures.append(version)
+            if self._signalled:
+                return
+            self._signalled = True
+        self._signal()
+
+    def roles(self) -> dict[str, Any]:
+        """This node's role, epoch and master, and its view of every replica's role."""
+        return self._call(self._roles_now)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (forwards, acks, timeouts, bytes) and per-peer lag and traffic."""
+        return self._call(self._stats_now)
+
+    def recover(self) -> None:
+        """Force this follower to match its log with the master again (truncate/stream).
+        File-level restore is a later issue; a master ignores this (logged)."""
+        self._call(lambda: self._step(AppRecover()))
+
+    def reconfig(self, config: SyncConfig) -> None:
+        """Apply a changed configuration. Supported: quorum. Anything else raises
+        ReconfigError naming the fields (membership changes need the restore flow)."""
+        changed = [
+            f.name for f in dataclasses.fields(SyncConfig) if getattr(config, f.name) != getattr(self.cfg, f.name)
+        ]
+        unsupported = [name for name in changed if name != "quorum"]
+        if unsupported:
+            raise ReconfigError(
+                f"vg{self.cfg.vgroup_id}: reconfig can change only quorum for now; {', '.join(unsupported)}"
+                " cannot change on a running instance (replica membership changes need the restore flow,"
+                " a later issue): stop and start the instance instead"
+            )
+        reason = sync_config_invalid(config)
+        if reason:
+            raise ConfigError(f"vg{config.vgroup_id}: {reason}")
+        if not changed:
+            return
+
+        def apply() -> None:
+            assert self.replica is not None
+            self.cfg = config
+            self._execute(self.replica.set_quorum(config.quorum))
+            self._after()
+
+        self._call(apply)
+
+    def stop(self) -> None:
+        """Close connections, fail what is queued or unconfirmed, close the WAL."""
+        if self._state not in ("running", "failed") or self.io is None:
+            return
+        io = self.io
+        try:
+            io.call(self._stop_in_loop, timeout_s=30)
+        finally:
+            self._state = "stopped"
+            if self.store is not None:
+                self.store.close()
+            io.release()
+
+    @property
+    def wal_dir(self) -> str:
+        return f"{self.cfg.data_path}/wal"
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        if self._state != "running" or self.io is None:
+            raise NotRunningError(f"vg{self.cfg.vgroup_id}: not running ({self._state}) {self._failure}".rstrip())
+        return self.io.call(fn)
+
+    def _signal(self) -> None:
+        loop = self.loop
+        assert loop is not None and self.io is not None
+        if self.io.in_loop():
+            loop.call_soon(self._run_queue)
+        else:
+            try:
+                loop.call_soon_threadsafe(self._run_queue)
+            except RuntimeError:  # the loop closed under us (stopping)
+                pass
+
+    # ================================================================== start / stop (I/O thread)
+
+    def _replica_config(self, disk) -> Any:
+        cfg = self.cfg
+        if cfg.initial_version and (cfg.initial_version, cfg.initial_epoch) != (disk.last_version, disk.last_epoch):
+            raise ConfigError(
+                f"vg{cfg.vgroup_id}: initial version/epoch e{cfg.initial_epoch}v{cfg.initial_version} do not match"
+                f" the WAL (e{disk.last_epoch}v{disk.last_version}); the WAL is authoritative, and starting from"
+                " state without a WAL needs the restore flow (a later issue)"
+            )
+        promised_epoch = disk.promised_epoch
+        promised_master = disk.promised_master if disk.promised_master is not None else NO_NODE
+        if promised_epoch < disk.last_epoch or (promised_epoch and promised_master not in self._addr_by_node):
+            # No (or an older) promise file: claim the log's own epoch, as its writer did.
+            promised_epoch, promised_master = disk.last_epoch, (self.node if disk.last_epoch else NO_NODE)
+        return cfg.replica_config(
+            last_epoch=disk.last_epoch,
+            last_version=disk.last_version,
+            epoch_history=disk.epoch_history,
+            promised_epoch=promised_epoch,
+            promised_master=promised_master,
+        )
+
+    async def _start_in_loop(self) -> None:
+        assert self.loop is not None and self.replica is not None
+        self.nt = await NodeTransport.acquire(self.loop, self)
+        self._state = "running"
+        me = self.cfg.me
+        self._execute(self.replica.start())
+        self._tick_s = self.cfg.tick_ms / 1000.0
+        self._t0 = self.loop.time()
+        self._ticks = 0
+        self._tick_handle = self.loop.call_at(self._t0 + self._tick_s, self._on_tick)
+        for addr in self.cfg.replicas:
+            if addr.node != self.node and me.order_key() < addr.order_key():
+                self._spawn(self._connect_loop(addr.node, addr.host, addr.port, ConnKind.PEER))
+        if self.cfg.arbitrator_used:
+            host, port = parse_endpoint(self.cfg.arbitrator or "")
+            self._spawn(self._connect_loop(None, host, port, ConnKind.ARBITRATOR))
+        self._after()
+        log.info("%s: started, listening on %s, replicas %s", self.log_prefix(), me.endpoint(),
+                 " ".join(f"n{r.node}@{r.endpoint()}" for r in self.cfg.replicas))
+
+    def _stop_in_loop(self) -> None:
+        if self._state == "running":
+            self._state = "stopping"
+        self._shutdown_replication("stopping")
+        if self.nt is not None:
+            self.nt.release(self)
+        log.info("%s: stopped", self.log_prefix())
+
+    def _shutdown_replication(self, reason: str) -> None:
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        for task in list(self._tasks):
+            task.cancel()
+        for conn in list(self._conns.values()):
+            conn.abort(reason)
+        self._conns.clear()
+        if self._arb_conn is not None:
+            self._arb_conn.abort(reason)
+            self._arb_conn = None
+        # Nothing queued or pending will be confirmed now: say so.
+        with self._qlock:
+            runs, self._runs, self._queued = self._runs, [], 0
+        for first, payloads in runs:
+            self._confirm(first, first + len(payloads) - 1, ConfirmStatus.FAILED)
+        if self.replica is not None and self.replica.window is not None:
+            span = self.replica.window.clear()
+            if span is not None:
+                self._confirm(span[0], span[1], ConfirmStatus.FAILED)
+        for _, fut in self._durable_waiters:
+            if not fut.done():
+                fut.cancel()
+        self._durable_waiters.clear()
+
+    def _fail(self, reason: str) -> None:
+        """A fatal local error (the WAL failed): stop replicating, keep the reason."""
+        if self._state != "running":
+            return
+        log.critical("%s: replication stopped: %s", self.log_prefix(), reason)
+        self._state = "failed"
+        self._failure = reason
+        self._shutdown_replication(f"failed: {reason}")
+        self._role = Role.UNSYNCED
+        self._callback(self.cb.notify_role, Role.UNSYNCED.describe(), self._epoch, None)
+
+    def _spawn(self, coro) -> None:
+        assert self.loop is not None
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("%s: task failed: %r", self.log_prefix(), exc, exc_info=exc)
+
+    # ================================================================== logging helpers
+
+    def _prefix_static(self) -> str:
+        return f"vg{self.cfg.vgroup_id} n{self.node} e-"
+
+    def log_prefix(self) -> str:
+        epoch = self.replica.promised_epoch if self.replica is not None else "-"
+        return f"vg{self.cfg.vgroup_id} n{self.node} e{epoch}"
+
+    # ================================================================== connections (I/O thread)
+
+    def peer_hello_refusal(self, node: int) -> str | None:
+        """Why a peer connection from `node` is refused by this instance's server side."""
+        if self._state != "running":
+            return f"vg{self.cfg.vgroup_id} is {self._state}"
+        addr = self._addr_by_node.get(node)
+        if addr is None:
+            return f"unknown node n{node}: not a replica of vg{self.cfg.vgroup_id}"
+        if node == self.node:
+            return f"hello from n{node}, which is this node"
+        if not addr.order_key() < self.cfg.me.order_key():
+            return f"n{node} at {addr.endpoint()} has the higher address: this node opens that connection"
+        return None
+
+    async def _connect_loop(self, node: int | None, host: str, port: int, kind: int) -> None:
+        """Client side: connect, wait until the connection ends, retry every reconnect interval."""
+        assert self.loop is not None and self.nt is not None
+        pause_s = self.cfg.reconnect_interval_ms / 1000.0
+        what = "arbitrator" if kind == ConnKind.ARBITRATOR else f"n{node}"
+        failures = 0
+        while self._state == "running":
+            conn = Connection(self.nt, instance=self, peer_node=node, kind=kind)
+            try:
+                await asyncio.wait_for(self.loop.create_connection(lambda: conn, host, port), timeout=max(pause_s, 1.0))
+            except (OSError, asyncio.TimeoutError) as exc:
+                failures += 1
+                level = logging.INFO if failures == 1 else logging.DEBUG
+                log.log(level, "%s: cannot connect to %s at %s:%d: %s", self.log_prefix(), what, host, port, exc or "timeout")
+                await asyncio.sleep(pause_s)
+                continue
+            failures = 0
+            self.counters["connections_opened"] += 1
+            await asyncio.shield(conn.done)
+            await asyncio.sleep(pause_s)
+
+    def on_connection_ready(self, conn: Connection) -> None:
+        """A connection finished its handshake (either side)."""
+        if self._state != "running":
+            conn.abort(f"vg{self.cfg.vgroup_id} is {self._state}")
+            return
+        if conn.kind == ConnKind.ARBITRATOR:
+            self._arb_conn = conn
+            log.info("%s: %s ready", self.log_prefix(), conn.describe())
+            self._step(ArbitratorConnected())
+            self._after()
+            return
+        node = conn.peer_node
+        assert node is not None
+        old = self._conns.get(node)
+        if old is not None and old is not conn:
+            old.abort("replaced by a newer connection from the same peer")
+            del self._conns[node]
+            self._step(PeerDisconnected(node))
+        self._conns[node] = conn
+        log.info("%s: %s ready", self.log_prefix(), conn.describe())
+        self._step(PeerConnected(node))
+        self._after()
+
+    def on_connection_lost(self, conn: Connection) -> None:
+        if self._state != "running":
+            return
+        self.counters["connections_closed"] += 1
+        if conn.kind == ConnKind.ARBITRATOR:
+            if self._arb_conn is conn:
+                self._arb_conn = None
+                log.info("%s: %s lost: %s", self.log_prefix(), conn.describe(), conn.close_reason)
+                self._step(ArbitratorLost())
+        elif self._conns.get(conn.peer_node) is conn:  # type: ignore[arg-type]
+            del self._conns[conn.peer_node]  # type: ignore[arg-type]
+            log.info("%s: %s lost: %s", self.log_prefix(), conn.describe(), conn.close_reason)
+            self._step(PeerDisconnected(conn.peer_node))  # type: ignore[arg-type]
+        self._update_flow()
+        self._after()
+
+    def on_send_queue(self, conn: Connection, paused: bool) -> None:
+        """A connection's send queue went above (paused) or back below its high-water mark."""
+        if paused:
+            log.info("%s: %s send queue above %d bytes", self.log_prefix(), conn.describe(), self.cfg.send_queue_high_bytes)
+        self._update_flow()
+
+    def on_messages(self, conn: Connection, msgs: list) -> None:
+        """Decoded frames from one read of one authenticated connection."""
+        if self._state != "running":
+            return
+        if conn.kind == ConnKind.ARBITRATOR:
+            for msg in msgs:
+                self._on_arbitrator_message(conn, msg)
+            self._after()
+            return
+        node = conn.peer_node
+        if self._conns.get(node) is not conn:  # type: ignore[arg-type]
+            return  # a replaced connection still draining
+        replica = self.replica
+        assert replica is not None
+        for msg in msgs:
+            if type(msg) not in PEER_MESSAGE_TYPES:
+                self._drop_conn(conn, f"{msg.describe()} is not a peer message")
+                break
+            self._execute(replica.step(Received(node, msg)))  # type: ignore[arg-type]
+            if conn.closed:
+                break
+        self._after()
+
+    def _on_arbitrator_message(self, conn: Connection, msg: object) -> None:
+        if type(msg) is not ArbitratorGrant:
+            self._drop_conn(conn, f"{getattr(msg, 'describe', lambda: type(msg).__name__)()} from the arbitrator")
+            return
+        if msg.vgroup_id != self.cfg.vgroup_id or msg.node != self.node:
+            self._drop_conn(conn, f"{msg.describe()} is not for vg{self.cfg.vgroup_id} n{self.node}")
+            return
+        self._step(ArbitratorGranted(msg.epoch) if msg.granted else ArbitratorRefused(msg.epoch))
+
+    def _drop_conn(self, conn: Connection, reason: str) -> None:
+        conn.abort(reason, logging.WARNING)
+        if conn.kind == ConnKind.ARBITRATOR:
+            if self._arb_conn is conn:
+                self._arb_conn = None
+                self._step(ArbitratorLost())
+        elif self._conns.get(conn.peer_node) is conn:  # type: ignore[arg-type]
+            del self._conns[conn.peer_node]  # type: ignore[arg-type]
+            self._step(PeerDisconnected(conn.peer_node))  # type: ignore[arg-type]
+
+    # ================================================================== events in (I/O thread)
+
+    def _step(self, event: object) -> None:
+        if self._executing:
+            # An event raised while executing a list (a connection closed by an action):
+            # handled once the list is done, so the list keeps its order.
+            self._deferred.append(event)
+            return
+        assert self.replica is not None
+        self._execute(self.replica.step(event))  # type: ignore[arg-type]
+
+    def _run_queue(self) -> None:
+        """Drain the app's queue: app acks, then forwards as batched events."""
+        if self._state != "running":
+            return
+        with self._qlock:
+            if not self._signalled:
+                return
+            runs, self._runs = self._runs, []
+            self._queued = 0
+            self._signalled = False
+            acked = self._app_acked
+            failures, self._ack_failures = self._ack_failures, []
+        replica = self.replica
+        assert replica is not None
+        for version in failures:
+            self._execute(replica.step(AppAcked(version, AckStatus.FAILED)))
+        if acked > self._app_acked_fed:
+            self._app_acked_fed = acked
+            self.counters["app_acks"] += 1
+            self._execute(replica.step(AppAcked(acked)))
+        max_records = self.cfg.max_batch_records
+        max_bytes = self.cfg.max_batch_bytes
+        for first, payloads in runs:
+            self.counters["forwards"] += len(payloads)
+            total = sum(map(len, payloads))
+            self.counters["forward_bytes"] += total
+            if len(payloads) <= max_records and total <= max_bytes:
+                self._execute(replica.step(AppForwardBatch(first, tuple(payloads))))
+                continue
+            start = 0
+            while start < len(payloads):
+                end, size = start, 0
+                while end < len(payloads) and end - start < max_records and (end == start or size + len(payloads[end]) <= max_bytes):
+                    size += len(payloads[end])
+                    end += 1
+                self._execute(replica.step(AppForwardBatch(first + start, tuple(payloads[start:end]))))
+                start = end
+        self._flush()
+
+    def _after(self) -> None:
+        """End of a batch of events: drain what the app queued meanwhile, then write, then
+        (light load) make the WAL appends of this batch durable right here: the frames are
+        already on their way, so this fdatasync overlaps the followers' work."""
+        if self._signalled:
+            self._run_queue()
+        self._flush()
+        if self.cfg.wal_inline_sync_max_bytes and self.store is not None and self._state == "running":
+            self.store.run_inline(self.cfg.wal_inline_sync_max_bytes)
+
+    def _flush(self) -> None:
+        if self.nt is not None:
+            self.nt.flush()
+
+    def _on_tick(self) -> None:
+        if self._state != "running":
+            return
+        assert self.loop is not None and self.replica is not None
+        now = self.loop.time()
+        due = int((now - self._t0) / self._tick_s) - self._ticks
+        if due > MAX_CATCH_UP_TICKS:
+            # A stall longer than every timeout: replay enough ticks to expire them all.
+            self._t0 += (due - MAX_CATCH_UP_TICKS) * self._tick_s
+            due = MAX_CATCH_UP_TICKS
+        for _ in range(max(due, 1)):
+            self._ticks += 1
+            self._execute(self.replica.tick())
+        self._tick_handle = self.loop.call_at(self._t0 + (self._ticks + 1) * self._tick_s, self._on_tick)
+        self._after()
+
+    # -- from the WAL thread ---------------------------------------------------------------------
+
+    def _wal_durable_threadsafe(self, version: int) -> None:
+        if self.io is not None and self.io.in_loop() and self.loop is not None:
+            self.loop.call_soon(self._on_wal_durable, version)  # run_inline: already here
+            return
+        self._threadsafe(self._on_wal_durable, version)
+
+    def _wal_truncated_threadsafe(self, last_epoch: int, last_version: int) -> None:
+        if self.io is not None and self.io.in_loop() and self.loop is not None:
+            self.loop.call_soon(self._on_wal_truncated, last_epoch, last_version)
+            return
+        self._threadsafe(self._on_wal_truncated, last_epoch, last_version)
+
+    def _wal_error_threadsafe(self, exc: BaseException) -> None:
+        self._threadsafe(self._fail, f"WAL failed: {exc}")
+
+    def _threadsafe(self, fn: Callable, *args: Any) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # loop closed: stopping
+
+    def _on_wal_durable(self, version: int) -> None:
+        if self._state != "running" or self.replica is None:
+            return
+        if version > self.replica.durable_version and version <= self.replica.last_version:
+            self._execute(self.replica.step(WalPersisted(version)))
+        waiters = [w for w in self._durable_waiters if w[0] <= version]
+        if waiters:
+            self._durable_waiters = [w for w in self._durable_waiters if w[0] > version]
+            for _, fut in waiters:
+                if not fut.done():
+                    fut.set_result(version)
+        self._after()
+
+    def _on_wal_truncated(self, last_epoch: int, last_version: int) -> None:
+        if self._state != "running":
+            return
+        self._callback(self.cb.notify_wal_truncated, last_version)
+        self._step(TruncateDone(last_epoch, last_version))
+        self._after()
+
+    # ================================================================== actions out (I/O thread)
+
+    def _execute(self, actions: list) -> None:
+        """Execute one action list IN ORDER (vrepl/replica/actions.py ORDERING CONTRACT)."""
+        self._executing = True
+        try:
+            frames: dict[int, bytes] = {}
+            for action in actions:
+                t = type(action)
+                if t is Send:
+                    conn = self._conns.get(action.node)
+                    if conn is None:
+                        continue
+                    msg = action.message
+                    frame = frames.get(id(msg))
+                    if frame is None:
+                        block = None
+                        if type(msg) is ForwardBatch and self._batch_block is not None and self._batch_block[0] is msg.payloads:
+                            block = self._batch_block[1]  # the WAL block of this batch: encoded once
+                        frame = codec.encode(msg, block)
+                        frames[id(msg)] = frame
+                    conn.send_frame(frame)
+                elif t is PersistBatch:
+                    block = action.block or codec._encode_records(action.first_version, action.record_epochs, action.payloads)
+                    self._batch_block = (action.payloads, block)
+                    self.store.append(action.first_version, action.last_version, block)  # type: ignore[union-attr]
+                elif t is ConfirmForward:
+                    self._confirm(action.first_version, action.last_version, action.status)
+                elif t is WriteToCacheBatch:
+                    self._write_to_cache(action.first_version, action.payloads)
+                elif t is Log:
+                    core_log.log(int(action.level), action.text)
+                elif t is PersistRecords:
+                    recs = action.records
+                    block = _wire.encode_records(recs[0].version, [r.epoch for r in recs], [r.payload for r in recs])
+                    self.store.append(recs[0].version, recs[-1].version, block)  # type: ignore[union-attr]
+                elif t is WriteToCache:
+                    self._write_to_cache(action.record.version, (action.record.payload,))
+                elif t is NotifyRole:
+                    self._on_notify_role(action)
+                elif t is PersistPromisedEpoch:
+                    # Durable before any later Send of this list is written (ordering contract):
+                    # sends are only queued until the batch ends, and this returns after fsync.
+                    self.store.persist_promise(action.epoch, action.master)  # type: ignore[union-attr]
+                elif t is TruncateWalAfter:
+                    self.store.truncate_after(action.version)  # type: ignore[union-attr]
+                elif t is StreamWalFrom:
+                    self._start_stream(action)
+                elif t is ResetConnection:
+                    conn = self._conns.pop(action.node, None)
+                    if conn is not None:
+                        conn.abort(f"reset: {action.reason}", logging.WARNING)
+                        self._deferred.append(PeerDisconnected(action.node))
+                elif t is RequestArbitratorGrant:
+                    self._request_grant(action.epoch)
+                elif t is FlowControl:
+                    self._core_flow = action.level
+                    self._update_flow()
+                else:
+                    raise VreplError(f"no executor for action {t.__name__}")
+        finally:
+            self._executing = False
+            self._batch_block = None
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for event in deferred:
+                self._step(event)
+
+    def _callback(self, fn: Callable | None, *args: Any) -> None:
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except Exception:  # the app's bug must not stop replication
+            log.exception("%s: callback %s failed", self.log_prefix(), getattr(fn, "__name__", fn))
+
+    def _confirm(self, first: int, last: int, status: ConfirmStatus) -> None:
+        self.counters["confirmed_" + status.describe()] += last - first + 1
+        cb = self.cb
+        if cb.confirm_forward_range is not None:
+            self._callback(cb.confirm_forward_range, first, last, status)
+        elif cb.confirm_forward is not None:
+            fn = cb.confirm_forward
+            try:
+                for version in range(first, last + 1):
+                    fn(version, status)
+            except Exception:
+                log.exception("%s: callback confirm_forward failed", self.log_prefix())
+
+    def _write_to_cache(self, first: int, payloads: tuple[bytes, ...]) -> None:
+        self.counters["records_written_to_cache"] += len(payloads)
+        cb = self.cb
+        if cb.write_to_cache_batch is not None:
+            self._callback(cb.write_to_cache_batch, first, payloads)
+        elif cb.write_to_cache is not None:
+            fn = cb.write_to_cache
+            try:
+                for i, payload in enumerate(payloads):
+                    fn(first + i, payload)
+            except Exception:
+                log.exception("%s: callback write_to_cache failed", self.log_prefix())
+        elif self.replica is not None and self.replica.cfg.app_ack_required_effective:
+            # No app to apply records: nothing will ever ack them, so ack for it.
+            self.ack_forward(first + len(payloads) - 1)
+
+    def _on_notify_role(self, action: NotifyRole) -> None:
+        self._role = action.role
+        self._epoch = action.epoch
+        self._master = None if action.master == NO_NODE else action.master
+        self._callback(self.cb.notify_role, action.role.describe(), action.epoch, self._master)
+
+    def _update_flow(self) -> None:
+        level = 1 if self._core_flow or any(c.paused for c in self._conns.values()) else 0
+        if level != self._flow_level:
+            self._flow_level = level
+            log.info("%s: flow control %s", self.log_prefix(), "on" if level else "off")
+            self._callback(self.cb.notify_flow_control, level)
+
+    def _request_grant(self, epoch: int) -> None:
+        conn = self._arb_conn
+        if conn is None:
+            return
+        lease_ms = self.cfg.arbitrator_lease_ticks * self.cfg.tick_ms
+        conn.send_frame(codec.encode(ArbitratorRequest(self.cfg.vgroup_id, self.node, epoch, lease_ms)))
+
+    # -- streaming the WAL to a follower (stand-in for the restore flow) -------------------------
+
+    def _start_stream(self, action: StreamWalFrom) -> None:
+        conn = self._conns.get(action.node)
+        if conn is None:
+            return
+        self.counters["streams"] += 1
+        self._spawn(self._stream(conn, action))
+
+    def _stream_alive(self, conn: Connection, action: StreamWalFrom) -> bool:
+        r = self.replica
+        return (
+            self._state == "running"
+            and not conn.closed
+            and self._conns.get(action.node) is conn
+            and r is not None
+            and r.role == Role.MASTER
+            and r.promised_epoch == action.epoch
+        )
+
+    async def _wait_durable(self, version: int) -> None:
+        assert self.loop is not None and self.store is not None
+        if self.store.durable_version >= version:
+            return
+        fut = self.loop.create_future()
+        self._durable_waiters.append((version, fut))
+        await fut
+
+    async def _stream(self, conn: Connection, action: StreamWalFrom) -> None:
+        """Send records first..last from the WAL to a follower as ForwardBatch frames, with
+        back-pressure (docs/design.md §4.3; the file restore flow replaces it later)."""
+        assert self.loop is not None and self.store is not None
+        log.info("%s: streaming v%d..v%d to n%d", self.log_prefix(), action.first_version, action.last_version, action.node)
+        await self._wait_durable(action.last_version)
+        reader = _wal.WalReader(self.store.wal_dir, self.cfg.record_max_bytes)
+        blocks = reader.iter_blocks(action.first_version)
+        prev_epoch = action.prev_epoch
+        sent = action.first_version - 1
+        chunk_bytes = self.cfg.stream_chunk_bytes
+        try:
+            while sent < action.last_version:
+                blk = await self.loop.run_in_executor(None, next, blocks, None)
+                if blk is None:
+                    break
+                scan = blk.scan
+                versions, offsets, lengths, epochs = scan.versions, scan.offsets, scan.lengths, scan.epochs
+                i = 0
+                n = scan.count
+                while i < n and int(versions[i]) <= sent:
+                    i += 1
+                while i < n and sent < action.last_version:
+                    if not self._stream_alive(conn, action):
+                        return
+                    j, size = i, 0
+                    while j < n and int(versions[j]) <= action.last_version and (j == i or size + int(lengths[j]) + 36 <= chunk_bytes):
+                        size += int(lengths[j]) + 36
+                        j += 1
+                    start = int(offsets[i])
+                    data = blk.data[start:start + size]
+                    frame = _wire.encode_forward_frame(codec.MsgType.FORWARD_BATCH, int(versions[i]), action.epoch, prev_epoch, data)
+                    conn.send_frame(frame)
+                    conn.flush()
+                    self.counters["streamed_records"] += j - i
+                    prev_epoch = int(epochs[j - 1])
+                    sent = int(versions[j - 1])
+                    i = j
+                    if conn.paused:
+                        await conn.writable()
+        except (_wal.WalError, FrameError) as exc:
+            log.error("%s: streaming to n%d failed: %s", self.log_prefix(), action.node, exc)
+            self._drop_conn(conn, f"stream failed: {exc}")
+            self._after()
+            return
+        if sent < action.last_version and self._stream_alive(conn, action):
+            log.error("%s: WAL ended at v%d while streaming up to v%d to n%d", self.log_prefix(), sent,
+                      action.last_version, action.node)
+            self._drop_conn(conn, "the WAL lacks records to stream")
+            self._after()
+            return
+        log.info("%s: streamed up to v%d to n%d", self.log_prefix(), sent, action.node)
+
+    # ================================================================== introspection
+
+    def _roles_now(self) -> dict[str, Any]:
+        r = self.replica
+        assert r is not None
+        views = {}
+        for i, node in enumerate(r.nodes):
+            if i == r.me:
+                views[node] = r.role.describe()
+            else:
+                views[node] = Role(r.views[i].role).describe() if r.connected[i] else "offline"
+        return {
+            "vgroup_id": self.cfg.vgroup_id,
+            "node": self.node,
+            "role": r.role.describe(),
+            "epoch": r.promised_epoch,
+            "master": None if r.master == NO_NODE else r.master,
+            "last_version": r.last_version,
+            "last_epoch": r.last_epoch,
+            "replicas": views,
+        }
+
+    def _stats_now(self) -> dict[str, Any]:
+        r = self.replica
+        assert r is not None and self.store is not None
+        core = r.stats()
+        peers = core["peers"]
+        for node, conn in self._conns.items():
+            p = peers.setdefault(node, {})
+            p.update(
+                bytes_sent=conn.bytes_sent,
+                bytes_received=conn.bytes_received,
+                frames_sent=conn.frames_sent,
+                frames_received=conn.frames_received,
+                send_queue_bytes=conn.transport.get_write_buffer_size() if conn.transport else 0,
+            )
+        with self._qlock:
+            queued = self._queued
+        return {
+            **core,
+            "sync": dict(self.counters),
+            "queued_forwards": queued,
+            "flow_control": self._flow_level,
+            "wal": {
+                "durable_version": self.store.durable_version,
+                "appended_bytes": self.store.appended_bytes,
+                "group_commits": self.store.fsyncs,
+            },
+            "arbitrator_connected": self._arb_conn is not None,
+        }

@@ -1,0 +1,255 @@
+"""The connection handshake: hello naming vgroup and nodes, HMAC-SHA256 challenge-response.
+
+Owns: the two sides of the handshake as small state machines (`ClientHandshake`,
+`ServerHandshake`: frames in, frames out, no I/O), the proofs, and `FramedStream` plus
+`client_handshake()` / `server_handshake()`, which run them over asyncio streams for users
+that are not the replica transport (the arbitrator, tools, tests). docs/embedding.md
+§Connections and the hello describes the exchange:
+
+    client -> HELLO(kind, vgroup, client node, target node, nonce_c)
+    server -> CHALLENGE(server node, nonce_s, proof_s)     after checking vgroup and nodes
+    client -> AUTH(proof_c)                                after checking proof_s
+    server -> WELCOME                                      after checking proof_c
+
+proof_s = HMAC-SHA256(secret, "vrepl-hello-v1 server" | HELLO payload | server node | nonce_s)
+proof_c = HMAC-SHA256(secret, "vrepl-hello-v1 client" | HELLO payload | server node | nonce_s)
+
+Both sides prove they know the cluster secret over both fresh nonces (os.urandom), so a
+recorded exchange cannot be replayed and one side's proof cannot be reflected as the
+other's; proofs are compared in constant time (hmac.compare_digest). Any failure raises
+HandshakeError with the reason, which the caller logs before closing the connection.
+Must not: log or close anything itself, or read a clock (the caller enforces the timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import struct
+from typing import Callable
+
+from vrepl._core.framebuf import FrameBuffer
+from vrepl.errors import FrameError, VreplError
+from vrepl.transport import codec
+from vrepl.transport.codec import Auth, Challenge, ConnKind, Hello, Welcome
+
+HANDSHAKE_MAX_FRAME_BYTES = 256  # the largest handshake frame payload a server accepts
+DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
+_LABEL = b"vrepl-hello-v1 "
+
+
+class HandshakeError(VreplError, ConnectionError):
+    """The handshake failed; `reason` says why (logged by the caller, then the connection is closed)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+
+def make_proof(secret: bytes, side: str, hello: Hello, server_node: int, server_nonce: bytes) -> bytes:
+    """HMAC-SHA256 proof of `side` ("server" or "client") over the hello and both nonces."""
+    msg = _LABEL + side.encode() + b"|" + codec.hello_payload(hello) + struct.pack("<i", server_node) + server_nonce
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def new_nonce() -> bytes:
+    return os.urandom(codec.NONCE_BYTES)
+
+
+class ClientHandshake:
+    """The connecting side. `start()` gives the HELLO frame; feed each received handshake
+    message to `on_message()`, send what it returns; `done` once WELCOME arrived."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        kind: int,
+        vgroup_id: int,
+        node: int,
+        target_node: int,
+        nonce: bytes | None = None,
+    ) -> None:
+        self.secret = secret
+        self.hello = Hello(int(kind), vgroup_id, node, target_node, nonce or new_nonce())
+        self.done = False
+        self._state = "start"
+
+    def start(self) -> bytes:
+        self._state = "wait_challenge"
+        return codec.encode(self.hello)
+
+    def on_message(self, msg: object) -> bytes | None:
+        if self._state == "wait_challenge" and type(msg) is Challenge:
+            if msg.node != self.hello.target_node:
+                raise HandshakeError(f"server is n{msg.node}, expected n{self.hello.target_node}")
+            expected = make_proof(self.secret, "server", self.hello, msg.node, msg.nonce)
+            if not hmac.compare_digest(expected, msg.proof):
+                raise HandshakeError("server proof does not match the cluster secret")
+            self._state = "wait_welcome"
+            return codec.encode(Auth(make_proof(self.secret, "client", self.hello, msg.node, msg.nonce)))
+        if self._state == "wait_welcome" and type(msg) is Welcome:
+            self._state = "done"
+            self.done = True
+            return None
+        raise HandshakeError(f"unexpected {_describe(msg)} while in handshake state {self._state}")
+
+
+class ServerHandshake:
+    """The accepting side. `check_hello(hello)` returns why a hello is refused (unknown
+    vgroup, unknown node, wrong kind...) or None; `node` is this server's node id."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        node: int,
+        check_hello: Callable[[Hello], str | None],
+        nonce: bytes | None = None,
+    ) -> None:
+        self.secret = secret
+        self.node = node
+        self.check_hello = check_hello
+        self.nonce = nonce or new_nonce()
+        self.hello: Hello | None = None
+        self.done = False
+        self._state = "wait_hello"
+
+    def on_message(self, msg: object) -> bytes | None:
+        if self._state == "wait_hello" and type(msg) is Hello:
+            if msg.protocol != codec.PROTOCOL_VERSION:
+                raise HandshakeError(f"hello with protocol {msg.protocol}, this node speaks {codec.PROTOCOL_VERSION}")
+            if msg.kind not in ConnKind._value2member_map_:
+                raise HandshakeError(f"hello with unknown connection kind {msg.kind}")
+            reason = self.check_hello(msg)
+            if reason:
+                raise HandshakeError(reason)
+            self.hello = msg
+            self._state = "wait_auth"
+            proof = make_proof(self.secret, "server", msg, self.node, self.nonce)
+            return codec.encode(Challenge(self.node, self.nonce, proof))
+        if self._state == "wait_auth" and type(msg) is Auth:
+            assert self.hello is not None
+            expected = make_proof(self.secret, "client", self.hello, self.node, self.nonce)
+            if not hmac.compare_digest(expected, msg.proof):
+                raise HandshakeError(
+                    f"wrong proof from n{self.hello.node} for vg{self.hello.vgroup_id} (cluster secret differs)"
+                )
+            self._state = "done"
+            self.done = True
+            return codec.encode(Welcome())
+        raise HandshakeError(f"unexpected {_describe(msg)} while in handshake state {self._state}")
+
+
+def _describe(msg: object) -> str:
+    describe = getattr(msg, "describe", None)
+    return describe() if describe else type(msg).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Over asyncio streams (the arbitrator, tools, tests)
+
+
+class FramedStream:
+    """Frames over an asyncio StreamReader/StreamWriter pair: `recv()` the next decoded
+    message (FrameError on bad bytes, EOFError at end of stream), `send()` messages."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        max_frame_bytes: int = 16 * 1024 * 1024 + 4096,
+        max_record_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.max_record_bytes = max_record_bytes
+        self.frames = FrameBuffer(max_frame_bytes)
+
+    def set_max_frame_bytes(self, max_frame_bytes: int) -> None:
+        """Switch the frame limit (a server leaves the small handshake limit). Bytes already
+        buffered would have been sent before the peer heard WELCOME: a protocol error."""
+        if self.frames.buffered:
+            raise FrameError(f"{self.frames.buffered} bytes sent before the handshake finished")
+        self.frames = FrameBuffer(max_frame_bytes)
+
+    async def recv(self) -> codec.WireMessage:
+        while True:
+            rec = self.frames.next_frame()
+            if rec is not None:
+                return codec.decode(rec, self.max_record_bytes)
+            data = await self.reader.read(65536)
+            if not data:
+                raise EOFError("connection closed by the other side")
+            self.frames.feed(data)
+
+    def send_frame(self, frame: bytes) -> None:
+        self.writer.write(frame)
+
+    def send(self, msg: codec.WireMessage) -> None:
+        self.writer.write(codec.encode(msg))
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def client_handshake(
+    stream: FramedStream,
+    *,
+    secret: bytes,
+    kind: int,
+    vgroup_id: int,
+    node: int,
+    target_node: int,
+    timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+) -> None:
+    """Run the client side over `stream`; HandshakeError (or FrameError/EOFError) on failure."""
+    hs = ClientHandshake(secret, kind, vgroup_id, node, target_node)
+
+    async def run() -> None:
+        stream.send_frame(hs.start())
+        await stream.drain()
+        while not hs.done:
+            out = hs.on_message(await stream.recv())
+            if out:
+                stream.send_frame(out)
+                await stream.drain()
+
+    try:
+        await asyncio.wait_for(run(), timeout_s)
+    except asyncio.TimeoutError:
+        raise HandshakeError(f"no handshake answer within {timeout_s} s") from None
+
+
+async def server_handshake(
+    stream: FramedStream,
+    *,
+    secret: bytes,
+    node: int,
+    check_hello: Callable[[Hello], str | None],
+    max_frame_bytes: int = 16 * 1024 * 1024 + 4096,
+    timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+) -> Hello:
+    """Run the server side over `stream` (which should start with a FrameBuffer limited to
+    HANDSHAKE_MAX_FRAME_BYTES); returns the authenticated Hello and raises the frame limit to
+    `max_frame_bytes`. HandshakeError (or FrameError/EOFError) on failure."""
+    hs = ServerHandshake(secret, node, check_hello)
+
+    async def run() -> Hello:
+        while not hs.done:
+            out = hs.on_message(await stream.recv())
+            if out:
+                stream.send_frame(out)
+                await stream.drain()
+        assert hs.hello is not None
+        return hs.hello
+
+    try:
+        hello = await asyncio.wait_for(run(), timeout_s)
+    except asyncio.TimeoutError:
+        raise HandshakeError(f"no handshake within {timeout_s} s") from None
+    stream.set_max_frame_bytes(max_frame_bytes)
+    return hello

@@ -1,0 +1,384 @@
+"""One TCP server per node for all its vgroups, and the connections it carries.
+
+Owns: `NodeTransport` (the listening socket of one node, the registry of the sync instances
+it serves, the hello checks of the server side) and `Connection` (an asyncio
+BufferedProtocol: TCP_NODELAY, the handshake, reading with recv_into a FrameBuffer's
+writable() view, decoding frames, coalesced writes, bounded send queue with back-pressure).
+docs/embedding.md §Connections and the hello, §Back-pressure.
+
+A connection is for one vgroup: the hello names it (seed 虚拟节点之间的网络连接: the server
+checks that the vgroup runs here, else closes). Between two replicas the one with the lower
+(host, port) connects; the server refuses a hello from the other side. Anything wrong (a bad
+hello, a wrong proof, a frame above the limit, garbage, an unknown message type, a handshake
+that does not finish in time) closes that connection with a logged reason naming vgroup,
+node and epoch; the node keeps serving.
+Must not: decide anything about replication; a Connection hands decoded messages to its
+sync instance (vrepl/sync.py), which owns the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+from vrepl._core.framebuf import FrameBuffer
+from vrepl.errors import ConfigError, FrameError
+from vrepl.transport import codec
+from vrepl.transport.codec import ConnKind
+from vrepl.transport.handshake import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    ClientHandshake,
+    HandshakeError,
+    ServerHandshake,
+)
+
+if TYPE_CHECKING:
+    from vrepl.sync import SyncInstance
+
+log = logging.getLogger("vrepl.transport")
+
+MAX_PENDING_HANDSHAKES = 256  # unauthenticated server-side connections at once
+READ_CHUNK_BYTES = 256 * 1024
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One TCP connection: a peer link of one vgroup, or a replica's arbitrator link.
+
+    Client side: created by the sync instance for a known peer (or the arbitrator).
+    Server side: created by NodeTransport for an unknown caller; bound to an instance and a
+    peer node once the hello checks out and the proofs match.
+    """
+
+    def __init__(
+        self,
+        node_transport: "NodeTransport",
+        *,
+        instance: "SyncInstance | None" = None,
+        peer_node: int | None = None,
+        kind: int = ConnKind.PEER,
+    ) -> None:
+        self.nt = node_transport
+        self.loop = node_transport.loop
+        self.instance = instance
+        self.peer_node = peer_node
+        self.kind = kind
+        self.is_client = instance is not None
+        self.transport: asyncio.Transport | None = None
+        self.authenticated = False
+        self.closed = False
+        self.close_reason = ""
+        self.done: asyncio.Future = self.loop.create_future()
+        self.peername = "?"
+        self._out: list[bytes] = []
+        self._dirty = False
+        self.paused = False
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._timer: asyncio.TimerHandle | None = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.frames_sent = 0
+        self.frames_received = 0
+        if self.is_client:
+            assert instance is not None
+            self.frames = FrameBuffer(instance.cfg.max_frame_bytes)
+            target = codec.ARBITRATOR_NODE_ID if kind == ConnKind.ARBITRATOR else peer_node
+            self.hs: ClientHandshake | ServerHandshake = ClientHandshake(
+                instance.cfg.secret, kind, instance.cfg.vgroup_id, instance.node, target  # type: ignore[arg-type]
+            )
+        else:
+            self.frames = FrameBuffer(HANDSHAKE_MAX_FRAME_BYTES)
+            self.hs = ServerHandshake(node_transport.secret, node_transport.node, self._check_hello)
+
+    # -- naming --------------------------------------------------------------------------------
+
+    def prefix(self) -> str:
+        """'vg7 n1 e3' for log lines (vgroup, this node, epoch)."""
+        if self.instance is not None:
+            return self.instance.log_prefix()
+        hello = getattr(self.hs, "hello", None)
+        vg = f"vg{hello.vgroup_id}" if hello is not None else "vg?"
+        return f"{vg} n{self.nt.node} e-"
+
+    def describe(self) -> str:
+        who = "arbitrator" if self.kind == ConnKind.ARBITRATOR else f"n{self.peer_node if self.peer_node is not None else '?'}"
+        side = "to" if self.is_client else "from"
+        return f"connection {side} {who} ({self.peername})"
+
+    # -- asyncio protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        peer = transport.get_extra_info("peername")
+        self.peername = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.instance is not None:
+            cfg = self.instance.cfg
+            high = cfg.send_queue_high_bytes
+        else:
+            high = 1024 * 1024
+        self.transport.set_write_buffer_limits(high=high, low=high // 4)
+        timeout_s = (self.instance.cfg.handshake_timeout_ms if self.instance else self.nt.handshake_timeout_ms) / 1000
+        self._timer = self.loop.call_later(timeout_s, self._handshake_timeout, timeout_s)
+        if self.is_client:
+            assert isinstance(self.hs, ClientHandshake)
+            self._write_now(self.hs.start())
+        else:
+            self.nt.pending_handshakes.add(self)
+            if len(self.nt.pending_handshakes) > MAX_PENDING_HANDSHAKES:
+                self.abort(f"more than {MAX_PENDING_HANDSHAKES} connections in handshake", logging.WARNING)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # recv_into the frame buffer's free space: no intermediate bytes object per read.
+        # Before the hello is checked a caller gets a small buffer only.
+        return self.frames.writable(READ_CHUNK_BYTES if self.authenticated or self.is_client else 4096)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.frames.wrote(nbytes)
+        self.bytes_received += nbytes
+        if self.closed:
+            return
+        try:
+            if not self.authenticated:
+                self._on_handshake_bytes()
+                if not self.authenticated or self.closed:
+                    return
+            self._on_frames()
+        except (FrameError, HandshakeError) as exc:
+            self.abort(str(exc), logging.WARNING)
+
+    def eof_received(self) -> bool | None:
+        self.close_reason = self.close_reason or "closed by the other side"
+        return False  # let asyncio close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.nt.pending_handshakes.discard(self)
+        if not self.close_reason:
+            self.close_reason = f"lost: {exc}" if exc else "closed by the other side"
+        was_closed = self.closed
+        self.closed = True
+        self._resumed.set()
+        if not self.done.done():
+            self.done.set_result(self.close_reason)
+        if self.authenticated and self.instance is not None:
+            self.instance.on_connection_lost(self)
+        elif not was_closed and self.is_client and self.instance is not None:
+            log.debug("%s: %s closed during handshake: %s", self.prefix(), self.describe(), self.close_reason)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        self._resumed.clear()
+        if self.instance is not None and self.authenticated:
+            self.instance.on_send_queue(self, True)
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._resumed.set()
+        if self.instance is not None and self.authenticated:
+            self.instance.on_send_queue(self, False)
+
+    # -- handshake -----------------------------------------------------------------------------
+
+    def _handshake_timeout(self, timeout_s: float) -> None:
+        self._timer = None
+        if not self.authenticated and not self.closed:
+            self.abort(f"handshake not finished within {timeout_s:g} s", logging.WARNING)
+
+    def _check_hello(self, hello: codec.Hello) -> str | None:
+        return self.nt.check_hello(hello)
+
+    def _on_handshake_bytes(self) -> None:
+        while not self.authenticated and not self.closed:
+            rec = self.frames.next_frame()
+            if rec is None:
+                return
+            if rec.msg_type not in (codec.MsgType.HELLO, codec.MsgType.CHALLENGE, codec.MsgType.AUTH, codec.MsgType.WELCOME):
+                raise HandshakeError(f"message type {rec.msg_type} before the handshake finished")
+            msg = codec.decode(rec)
+            out = self.hs.on_message(msg)
+            if out:
+                self._write_now(out)
+            if self.hs.done:
+                self._authenticated()
+
+    def _authenticated(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.is_client:
+            self.nt.pending_handshakes.discard(self)
+            hello = self.hs.hello  # type: ignore[union-attr]
+            assert hello is not None
+            inst = self.nt.instances.get(hello.vgroup_id)
+            if inst is None:  # stopped while we were shaking hands
+                raise HandshakeError(f"vg{hello.vgroup_id} stopped during the handshake")
+            if self.frames.buffered:
+                raise HandshakeError(f"{self.frames.buffered} bytes sent before the handshake finished")
+            self.instance = inst
+            self.peer_node = hello.node
+            self.frames = FrameBuffer(inst.cfg.max_frame_bytes)
+            self.transport.set_write_buffer_limits(high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4)  # type: ignore[union-attr]
+        self.authenticated = True
+        assert self.instance is not None
+        self.instance.on_connection_ready(self)
+
+    # -- frames --------------------------------------------------------------------------------
+
+    def _on_frames(self) -> None:
+        inst = self.instance
+        assert inst is not None
+        max_record = inst.cfg.record_max_bytes
+        msgs = []
+        frames = self.frames
+        while True:
+            rec = frames.next_frame()
+            if rec is None:
+                break
+            msgs.append(codec.decode(rec, max_record))
+        if msgs:
+            self.frames_received += len(msgs)
+            inst.on_messages(self, msgs)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _write_now(self, frame: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(frame)
+            self.bytes_sent += len(frame)
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue a frame; all frames queued during one batch of events go out in one write
+        when the node flushes (write coalescing)."""
+        if self.closed:
+            return
+        self._out.append(frame)
+        if not self._dirty:
+            self._dirty = True
+            self.nt.mark_dirty(self)
+
+    def flush(self) -> None:
+        self._dirty = False
+        if self.closed or not self._out or self.transport is None:
+            self._out.clear()
+            return
+        out = self._out
+        self._out = []
+        data = out[0] if len(out) == 1 else b"".join(out)
+        self.transport.write(data)
+        self.bytes_sent += len(data)
+        self.frames_sent += len(out)
+        limit = self.instance.cfg.send_queue_max_bytes if self.instance else 1 << 24
+        queued = self.transport.get_write_buffer_size()
+        if queued > limit:
+            self.abort(f"send queue holds {queued} bytes, above send_queue_max_bytes {limit}: peer too slow", logging.WARNING)
+
+    async def writable(self) -> None:
+        """Wait until the send queue is below its low-water mark (or the connection closed)."""
+        await self._resumed.wait()
+
+    def abort(self, reason: str, level: int = logging.INFO) -> None:
+        """Close now, dropping anything unsent, with a logged reason."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        self._out.clear()
+        log.log(level, "%s: %s closed: %s", self.prefix(), self.describe(), reason)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class NodeTransport:
+    """The TCP server of one node (host:port, node id) and the sync instances it serves."""
+
+    _registry: dict[tuple[str, int], "NodeTransport"] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, node: int, host: str, port: int, secret: bytes) -> None:
+        self.loop = loop
+        self.node = node
+        self.host = host
+        self.port = port
+        self.secret = secret
+        self.handshake_timeout_ms = 5000
+        self.instances: dict[int, "SyncInstance"] = {}
+        self.pending_handshakes: set[Connection] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self._dirty: list[Connection] = []
+        self._flush_scheduled = False
+        self.refused = 0  # connections closed in the handshake
+
+    @classmethod
+    async def acquire(cls, loop: asyncio.AbstractEventLoop, instance: "SyncInstance") -> "NodeTransport":
+        """The node transport for the instance's own address (started on first use)."""
+        me = instance.cfg.me
+        key = (me.host, me.port)
+        nt = cls._registry.get(key)
+        if nt is None:
+            nt = cls(loop, me.node, me.host, me.port, instance.cfg.secret)
+            nt.handshake_timeout_ms = instance.cfg.handshake_timeout_ms
+            cls._registry[key] = nt
+            try:
+                nt.server = await loop.create_server(
+                    lambda: Connection(nt), me.host, me.port, reuse_address=True, backlog=256
+                )
+            except OSError as exc:
+                del cls._registry[key]
+                raise ConfigError(f"cannot listen on {me.host}:{me.port}: {exc.strerror or exc}") from None
+            log.info("n%d: listening on %s:%d", me.node, me.host, me.port)
+        if nt.node != me.node:
+            raise ConfigError(f"{me.host}:{me.port} is node {nt.node}, vg{instance.cfg.vgroup_id} says node {me.node}")
+        if nt.secret != instance.cfg.secret:
+            raise ConfigError(f"vg{instance.cfg.vgroup_id}: the cluster secret differs from the other vgroups on {me.host}:{me.port}")
+        if instance.cfg.vgroup_id in nt.instances:
+            raise ConfigError(f"vg{instance.cfg.vgroup_id} already runs on {me.host}:{me.port}")
+        nt.instances[instance.cfg.vgroup_id] = instance
+        return nt
+
+    def release(self, instance: "SyncInstance") -> None:
+        """Forget the instance; the last one closes the server."""
+        if self.instances.get(instance.cfg.vgroup_id) is instance:
+            del self.instances[instance.cfg.vgroup_id]
+        if self.instances:
+            return
+        self._registry.pop((self.host, self.port), None)
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for conn in list(self.pending_handshakes):
+            conn.abort("node transport stopping")
+        log.info("n%d: stopped listening on %s:%d", self.node, self.host, self.port)
+
+    def check_hello(self, hello: codec.Hello) -> str | None:
+        """Why this node refuses a hello, or None (docs/embedding.md §Connections)."""
+        if hello.kind != ConnKind.PEER:
+            return f"hello of kind {hello.kind} from n{hello.node}: this node only takes peer connections"
+        inst = self.instances.get(hello.vgroup_id)
+        if inst is None:
+            return f"unknown vgroup {hello.vgroup_id} (hello from n{hello.node})"
+        if hello.target_node != self.node:
+            return f"hello from n{hello.node} for n{hello.target_node}, this is n{self.node}"
+        return inst.peer_hello_refusal(hello.node)
+
+    def mark_dirty(self, conn: Connection) -> None:
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            # A safety net: the entry points flush at their end; this catches any frame
+            # queued from elsewhere (a stream task, a timer).
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write every connection's queued frames, one write per connection."""
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()

@@ -1,0 +1,302 @@
+"""The sync instance's storage: its WAL (written from one thread) and its persisted promise.
+
+Owns: `<data path>/wal` through a `vrepl.wal.WalWriter` driven by a dedicated WAL thread, the
+promise file `<data path>/promise` (PersistPromisedEpoch), WAL truncation after a version
+(TruncateWalAfter), and what start-up needs from disk (last epoch/version, the epoch
+history, the promise). docs/embedding.md §Storage.
+
+Group commit: the event loop only queues appends; the WAL thread takes every append queued so
+far, writes them with ONE write and makes them durable with ONE fdatasync (WalWriter with
+durability "group" and group_commit_ms 0, i.e. one fdatasync per append call), then reports
+the durable version through `on_durable` (the WalWriter's callback, called on the WAL
+thread). While one fdatasync runs the next appends queue up, so the batch grows with the
+load and a lone write waits for no timer. Jobs run in the order queued, so every durable
+report for earlier appends comes before the report of a later truncation (the ordering the
+replica needs, vrepl/replica/actions.py).
+Must not: call the replica or the app; talk to sockets. Callbacks run on the WAL thread: the
+owner hops back to its event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from vrepl import wal as _wal
+from vrepl._core import crc32c as _crc
+from vrepl.errors import VreplError, WalError
+
+log = logging.getLogger("vrepl.storage")
+
+_PROMISE = struct.Struct("<4sIQi")  # magic, format, epoch, master
+_PROMISE_MAGIC = b"VRPM"
+PROMISE_FILE = "promise"
+WAL_DIR = "wal"
+
+
+@dataclass(frozen=True)
+class DiskState:
+    """What a sync instance finds on disk at start-up."""
+
+    last_epoch: int
+    last_version: int
+    epoch_history: tuple[tuple[int, int], ...]
+    promised_epoch: int
+    promised_master: int | None  # None: no promise file
+    repaired_tail: str | None  # a torn WAL tail that start-up truncated (description)
+
+
+# ---------------------------------------------------------------------------------------------
+# Promise file
+
+
+def read_promise(data_path: str) -> tuple[int, int] | None:
+    """(epoch, master) from `<data_path>/promise`, None if absent; VreplError if corrupt."""
+    path = os.path.join(data_path, PROMISE_FILE)
+    try:
+        with open(path, "rb") as fh:
+            body = fh.read(64)
+    except FileNotFoundError:
+        return None
+    if len(body) != _PROMISE.size + 4:
+        raise VreplError(f"{path}: promise file is {len(body)} bytes, expected {_PROMISE.size + 4}")
+    if struct.unpack_from("<I", body, _PROMISE.size)[0] != _crc.crc32c(body[: _PROMISE.size]):
+        raise VreplError(f"{path}: promise file checksum mismatch")
+    magic, fmt, epoch, master = _PROMISE.unpack_from(body)
+    if magic != _PROMISE_MAGIC or fmt != 1:
+        raise VreplError(f"{path}: not a vrepl promise file")
+    return epoch, master
+
+
+def write_promise(data_path: str, epoch: int, master: int) -> None:
+    """Durably replace the promise: write a temp file, fsync, rename, fsync the directory."""
+    body = _PROMISE.pack(_PROMISE_MAGIC, 1, epoch, master)
+    body += struct.pack("<I", _crc.crc32c(body))
+    path = os.path.join(data_path, PROMISE_FILE)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, body)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(data_path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# ---------------------------------------------------------------------------------------------
+# WAL helpers
+
+
+def epoch_history(wal_dir: str, max_record_bytes: int) -> tuple[tuple[int, int], ...]:
+    """(epoch, first_version) pairs of a WAL, from the epochs of its records (one read)."""
+    pairs: list[tuple[int, int]] = []
+    last_epoch = -1
+    for blk in _wal.WalReader(wal_dir, max_record_bytes).iter_blocks(1):
+        epochs = blk.scan.epochs
+        if not len(epochs):
+            continue
+        versions = blk.scan.versions
+        starts = np.flatnonzero(np.diff(epochs.astype(np.int64))) + 1
+        if int(epochs[0]) != last_epoch:
+            pairs.append((int(epochs[0]), int(versions[0])))
+        for k in starts:
+            pairs.append((int(epochs[k]), int(versions[k])))
+        last_epoch = int(epochs[-1])
+    return tuple(pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+
+class WalStore:
+    """The WAL of one sync instance plus its promise file, written from one WAL thread.
+
+    `on_durable(version)` and `on_truncated(last_epoch, last_version)` and `on_error(exc)`
+    are called on the WAL thread, in job order.
+    """
+
+    def __init__(
+        self,
+        data_path: str,
+        *,
+        max_record_bytes: int = _wal.DEFAULT_MAX_RECORD_BYTES,
+        max_file_bytes: int = _wal.DEFAULT_MAX_FILE_BYTES,
+        on_durable: Callable[[int], None],
+        on_truncated: Callable[[int, int], None],
+        on_error: Callable[[BaseException], None],
+        name: str = "vrepl-wal",
+    ) -> None:
+        self.data_path = data_path
+        self.wal_dir = os.path.join(data_path, WAL_DIR)
+        self.options = _wal.WalOptions(
+            max_file_bytes=max_file_bytes,
+            max_record_bytes=max_record_bytes,
+            durability=_wal.Durability.GROUP,
+            group_commit_ms=0,
+        )
+        self._on_durable = on_durable
+        self._on_truncated = on_truncated
+        self._on_error = on_error
+        self._name = name
+        self._writer: _wal.WalWriter | None = None
+        self._jobs: deque[tuple] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._busy = False  # a thread is executing jobs (the WAL thread or run_inline)
+        self._queued_bytes = 0
+        self.durable_version = 0  # written by the WAL thread
+        self.appended_bytes = 0
+        self.fsyncs = 0
+
+    def open(self) -> DiskState:
+        """Open (creating) the WAL, repairing a torn tail; read the promise and epoch history."""
+        os.makedirs(self.wal_dir, exist_ok=True)
+        repaired = None
+        try:
+            tail = _wal.repair(self.wal_dir, self.options.max_record_bytes)
+        except _wal.WalError:
+            raise
+        if tail is not None:
+            repaired = tail.describe()
+        self._writer = self._new_writer()
+        history = epoch_history(self.wal_dir, self.options.max_record_bytes)
+        promise = read_promise(self.data_path)
+        state = DiskState(
+            last_epoch=self._writer.last_epoch if self._writer.last_version else 0,
+            last_version=self._writer.last_version,
+            epoch_history=history,
+            promised_epoch=promise[0] if promise else 0,
+            promised_master=promise[1] if promise else None,
+            repaired_tail=repaired,
+        )
+        self.durable_version = state.last_version
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        return state
+
+    def _new_writer(self) -> _wal.WalWriter:
+        return _wal.WalWriter(self.wal_dir, self.options, on_durable=self._durable)
+
+    def _durable(self, version: int) -> None:
+        self.durable_version = version
+        self._on_durable(version)
+
+    # -- called from the event loop ------------------------------------------------------------
+
+    def append(self, first_version: int, last_version: int, block: bytes) -> None:
+        """Queue encoded records first_version..last_version for the WAL thread."""
+        with self._cond:
+            self._jobs.append(("append", first_version, last_version, block))
+            self._queued_bytes += len(block)
+            self._cond.notify()
+
+    def truncate_after(self, version: int) -> None:
+        with self._cond:
+            self._jobs.append(("truncate", version))
+            self._cond.notify()
+
+    def run_inline(self, max_bytes: int) -> bool:
+        """Execute the queued jobs on the calling thread (the event loop) when the WAL thread
+        is idle and they hold at most `max_bytes`: a lone small write then waits for no
+        thread hand-off, only for its fdatasync. Same order and callbacks as the WAL thread.
+        True if it ran something."""
+        with self._cond:
+            if self._busy or not self._jobs or self._queued_bytes > max_bytes or self._closed:
+                return False
+            jobs = list(self._jobs)
+            self._jobs.clear()
+            self._queued_bytes = 0
+            self._busy = True
+        try:
+            self._do(jobs)
+        except BaseException as exc:
+            log.exception("wal %s: inline WAL work failed", self.wal_dir)
+            self._on_error(exc)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify()
+        return True
+
+    def persist_promise(self, epoch: int, master: int) -> None:
+        """Synchronous and durable on return: the caller writes the following Sends only
+        after this (ordering contract, vrepl/replica/actions.py)."""
+        write_promise(self.data_path, epoch, master)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError:
+                log.exception("wal %s: close failed", self.wal_dir)
+
+    # -- the WAL thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while (not self._jobs or self._busy) and not self._closed:
+                        self._cond.wait()
+                    if not self._jobs and self._closed:
+                        return
+                    jobs = list(self._jobs)
+                    self._jobs.clear()
+                    self._queued_bytes = 0
+                    self._busy = True
+                try:
+                    self._do(jobs)
+                finally:
+                    with self._cond:
+                        self._busy = False
+        except BaseException as exc:  # a failing WAL must stop the instance, loudly
+            log.exception("wal %s: WAL thread failed", self.wal_dir)
+            self._on_error(exc)
+
+    def _do(self, jobs: list[tuple]) -> None:
+        i = 0
+        while i < len(jobs):
+            job = jobs[i]
+            if job[0] == "append":
+                blocks = []
+                while i < len(jobs) and jobs[i][0] == "append":
+                    blocks.append(jobs[i][3])
+                    i += 1
+                block = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+                assert self._writer is not None
+                # One write and one fdatasync for everything queued (group commit).
+                self._writer.append_encoded(block)
+                self.appended_bytes += len(block)
+                self.fsyncs += 1
+                continue
+            if job[0] == "truncate":
+                version = job[1]
+                assert self._writer is not None
+                # Report durability of everything written before the cut first (the core
+                # expects every WalPersisted of earlier appends before TruncateDone).
+                self._writer.sync()
+                last = self._writer.truncate_after(version)
+                if last != version:
+                    raise WalError(f"{self.wal_dir}: truncated to v{last}, asked for v{version}", self.wal_dir)
+                self.durable_version = last
+                self._on_truncated(self._writer.last_epoch if last else 0, last)
+            i += 1
