@@ -9,6 +9,7 @@ import time
 import pytest
 
 from vrepl.replica.messages import ArbitratorGrant, ArbitratorRequest
+from vrepl.testing.arbitrator_proc import ArbitratorProcess
 from vrepl.transport import codec
 from vrepl.transport.handshake import FramedStream, HandshakeError, client_handshake
 
@@ -16,36 +17,12 @@ pytestmark = pytest.mark.timeout(60)
 SECRET = b"arbitrator-test-secret"
 
 
-class ArbProcess:
-    def __init__(self, tmp_path, lease_ms=600, extra=()):
-        secret_file = tmp_path / "secret"
-        secret_file.write_bytes(SECRET)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "arbitrator.main", "--host", "127.0.0.1", "--port", "0",
-             "--secret-file", str(secret_file), "--state-dir", str(tmp_path / "state"),
-             "--lease-ms", str(lease_ms), "--log-level", "info", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, self.proc.stderr.read()
-        self.port = int(line.rsplit(":", 1)[1])
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.stderr.read()
-
-
 @pytest.fixture()
 def arb(tmp_path):
     procs = []
 
-    def start(**kw):
-        p = ArbProcess(tmp_path, **kw)
+    def start(lease_ms=600):
+        p = ArbitratorProcess(str(tmp_path), SECRET, lease_ms=lease_ms)
         procs.append(p)
         return p
 

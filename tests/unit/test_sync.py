@@ -4,7 +4,6 @@ and WAL truncation (vrepl/transport/storage.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -12,12 +11,10 @@ import pytest
 
 from vrepl.config import ReplicaAddress, SyncConfig
 from vrepl.errors import ConfigError
-from vrepl.replica import ConfirmStatus, LeaseTable
-from vrepl.replica.messages import ArbitratorGrant, ArbitratorRequest
+from vrepl.replica import ConfirmStatus
 from vrepl.sync import FlowControlError, ReconfigError, SyncCallbacks, SyncInstance
+from vrepl.testing.arbitrator_proc import ArbitratorProcess
 from vrepl.testing.cluster import free_port
-from vrepl.transport import codec
-from vrepl.transport.handshake import HANDSHAKE_MAX_FRAME_BYTES, FramedStream, server_handshake
 from vrepl.transport.storage import epoch_history
 from vrepl.wal import WalOptions, WalWriter, read_records
 
@@ -227,54 +224,8 @@ def test_recover_resyncs_a_slave(tmp_path):
         stop_all(insts)
 
 
-class FakeArbitrator:
-    """The arbitrator side of the wire, enough to test the sync instance's client side:
-    grants leases with the shared LeaseTable (docs/design.md §5)."""
-
-    def __init__(self) -> None:
-        self.leases = LeaseTable(lease_ticks=30)
-        self.requests: list[ArbitratorRequest] = []
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        ready = threading.Event()
-        threading.Thread(target=self._main, args=(ready,), daemon=True).start()
-        ready.wait(5)
-
-    def _main(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def serve() -> None:
-            server = await asyncio.start_server(self._client, "127.0.0.1", 0)
-            self.port = server.sockets[0].getsockname()[1]
-            ready.set()
-            await asyncio.Event().wait()
-
-        self.loop.create_task(serve())
-        self.loop.run_forever()
-
-    async def _client(self, reader, writer) -> None:
-        stream = FramedStream(reader, writer, max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES)
-        try:
-            await server_handshake(stream, secret=SECRET, node=codec.ARBITRATOR_NODE_ID, check_hello=lambda h: None,
-                                   max_frame_bytes=4096)
-            while True:
-                req = await stream.recv()
-                self.requests.append(req)
-                now_tick = int(time.monotonic() * 10)
-                refusal = self.leases.request(req.vgroup_id, req.node, req.epoch, now_tick)
-                stream.send(ArbitratorGrant(req.vgroup_id, req.node, req.epoch, req.lease_ms, 0 if refusal else 1))
-                await stream.drain()
-        except (EOFError, ConnectionError):
-            pass
-        finally:
-            stream.close()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
 def test_two_replicas_with_an_arbitrator_elect_one_master(tmp_path):
-    arb = FakeArbitrator()
+    arb = ArbitratorProcess(str(tmp_path / "arb"), SECRET)
     try:
         # quorum 1: with the slave gone the master must still confirm alone.
         cfgs = make_group(tmp_path, n=2, quorum=1, arbitrator=f"127.0.0.1:{arb.port}")
@@ -282,7 +233,6 @@ def test_two_replicas_with_an_arbitrator_elect_one_master(tmp_path):
         try:
             m = wait_master(insts)
             assert insts[m].stats()["arbitrator_connected"]
-            assert any(r.node == cfgs[m].me.node for r in arb.requests)
             insts[m].forward(1, b"a")
             assert apps[m].wait_confirm(1) == ConfirmStatus.OK
             # The slave dies: with the arbitrator's lease the master keeps a majority (2 of 3).
