@@ -64,6 +64,34 @@ def test_fuzz_wal_directory(data):
     fuzz_targets.target_wal_directory(data)
 
 
+@SETTINGS
+@given(inputs)
+def test_fuzz_decode_messages(data):
+    fuzz_targets.target_decode_messages(data)
+
+
+@SETTINGS
+@given(inputs)
+def test_fuzz_handshake(data):
+    fuzz_targets.target_handshake(data)
+
+
+def test_handshake_target_would_catch_an_accepting_server(monkeypatch):
+    """If the server accepted a wrong proof, the handshake target fails."""
+    import hmac
+
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: True)
+    from vrepl.transport import codec
+    from vrepl.transport.handshake import ClientHandshake, ServerHandshake
+
+    client = ClientHandshake(b"wrong-secret", codec.ConnKind.PEER, 7, 1, 2)
+    server = ServerHandshake(b"fuzz-secret", 2, lambda h: None)
+    challenge = server.on_message(codec.decode_bytes(client.start()))
+    auth = client.on_message(codec.decode_bytes(challenge))
+    with pytest.raises(AssertionError, match="without knowing the secret"):
+        fuzz_targets.target_handshake(client.start() + auth)
+
+
 def test_target_catches_a_planted_crash(monkeypatch):
     """The harness reports an unexpected exception (so a passing run means something)."""
     from vrepl._core import framebuf

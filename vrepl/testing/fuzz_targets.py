@@ -13,6 +13,10 @@ import tempfile
 
 from vrepl import wal
 from vrepl._core import framebuf, record
+from vrepl.replica import messages as _messages
+from vrepl.transport import codec
+from vrepl.transport.handshake import (HANDSHAKE_MAX_FRAME_BYTES, ClientHandshake,
+                                       ServerHandshake)
 from vrepl.errors import VreplError
 
 # The largest record any target accepts: allocations must stay below a small multiple of it.
@@ -85,10 +89,56 @@ def target_wal_directory(data: bytes) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def target_decode_messages(data: bytes) -> None:
+    """Every frame in the stream decoded as a peer/arbitrator/handshake message: a decoder
+    may only reject with FrameError (the connection is then closed)."""
+    fb = framebuf.FrameBuffer(max_payload_len=FUZZ_MAX_RECORD_BYTES)
+    fb.feed(data)
+    try:
+        while (rec := fb.next_frame()) is not None:
+            try:
+                msg = codec.decode(rec, FUZZ_MAX_RECORD_BYTES)
+            except VreplError:
+                continue
+            # What decodes must encode back to a frame that decodes to the same message.
+            assert codec.decode_bytes(codec.encode(msg), FUZZ_MAX_RECORD_BYTES) == msg
+    except VreplError:
+        pass
+
+
+def target_handshake(data: bytes) -> None:
+    """A server handshake fed the frames of an attacker's stream: it may only refuse
+    (HandshakeError / FrameError), and it never accepts without the secret."""
+    hs = ServerHandshake(b"fuzz-secret", 2, lambda hello: None)
+    fb = framebuf.FrameBuffer(max_payload_len=HANDSHAKE_MAX_FRAME_BYTES)
+    fb.feed(data)
+    try:
+        while (rec := fb.next_frame()) is not None:
+            hs.on_message(codec.decode(rec, HANDSHAKE_MAX_FRAME_BYTES))
+    except VreplError:
+        pass
+    assert not hs.done, "handshake completed without knowing the secret"
+
+
+def _handshake_seed() -> bytes:
+    client = ClientHandshake(b"wrong-secret", codec.ConnKind.PEER, 7, 1, 2, nonce=b"n" * 32)
+    return client.start() + codec.encode(codec.Auth(b"p" * 32))
+
+
+def _messages_seed() -> bytes:
+    m = _messages
+    view = m.PeerView(3, 1, 10, 1, 0)
+    msgs = [m.Status(0, (view, view)), m.Heartbeat(view), m.ForwardAck(1, 10, 0),
+            m.SyncRequest(1, 1, 10), m.ArbitratorRequest(7, 1, 2, 2000)]
+    return b"".join(codec.encode(x) for x in msgs)
+
+
 TARGETS = {
     "frame_buffer": target_frame_buffer,
     "scan": target_scan,
     "wal_directory": target_wal_directory,
+    "decode_messages": target_decode_messages,
+    "handshake": target_handshake,
 }
 
 
@@ -98,4 +148,6 @@ def seeds() -> list[bytes]:
         bytes([5, 3, 16, 1, 2, 9, 4, 7]) + _VALID_PREFIX,
         _VALID_PREFIX,
         bytes([40]) + _VALID_PREFIX + record.encode_record(1, 4, 2, b"d" * 30),
+        _messages_seed(),
+        _handshake_seed(),
     ]
