@@ -1,0 +1,1 @@
+"""One driver per system under test; the interface is in base.py."""

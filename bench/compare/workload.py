@@ -1,0 +1,188 @@
+"""The two workloads, generic over a Client: the same loops run for every system.
+
+`latency_loop` and `throughput_loop` only need a Client; `run_client_processes` runs one
+throughput loop per client process (multiprocessing, spawn context: each client has its own
+interpreter and GIL, like an application's independent clients would), starts them together
+and sums their rates. Keys are unique per client and write; values are fixed random bytes of
+the requested size, the same for every system.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+
+from .stats import summarize_latencies_ns, summarize_throughput
+
+KEY_BYTES = 16
+
+
+def make_key(client: int, seq: int) -> bytes:
+    """A 16-byte key, unique per (client, seq): b"c03-000000012345"."""
+    return b"c%02d-%012d" % (client % 100, seq % 10**12)
+
+
+def make_value(size: int, seed: int = 0) -> bytes:
+    rnd = bytes((i * 131 + seed * 17 + 7) % 251 for i in range(251))
+    return (rnd * (size // len(rnd) + 1))[:size]
+
+
+def _note_error(kinds: dict, exc: Exception) -> None:
+    """Count failed writes by kind (at most 5 kinds kept), so the JSON says why they failed."""
+    kind = f"{type(exc).__name__}: {str(exc)[:100]}"
+    if kind in kinds or len(kinds) < 5:
+        kinds[kind] = kinds.get(kind, 0) + 1
+
+
+def latency_loop(client, spec) -> dict:
+    """Workload (a): warm-up writes, then spec.count writes timed one by one."""
+    value = make_value(spec.value_size)
+    errors = 0
+    kinds: dict = {}
+    for i in range(spec.warmup):
+        client.write_one(make_key(0, i), value)
+    lat_ns = []
+    clock = time.perf_counter_ns
+    limit_ns = clock() + int(spec.time_limit_s * 1e9)
+    truncated = False
+    for i in range(spec.warmup, spec.warmup + spec.count):
+        if clock() > limit_ns:
+            truncated = True
+            break
+        key = make_key(0, i)
+        t0 = clock()
+        try:
+            client.write_one(key, value)
+        except Exception as exc:
+            errors += 1
+            _note_error(kinds, exc)
+            continue
+        lat_ns.append(clock() - t0)
+    out = summarize_latencies_ns(lat_ns)
+    out["errors"] = errors
+    out["error_kinds"] = kinds
+    out["truncated"] = truncated
+    return out
+
+
+def throughput_loop(client, spec, client_id: int, start_at: float | None = None) -> dict:
+    """Workload (b) for one client: batches for warmup_s (uncounted), then for duration_s.
+    start_at is a time.time() at which to begin, so clients in several processes start
+    together (time.time, unlike perf_counter, is comparable across processes)."""
+    value = make_value(spec.value_size, seed=client_id)
+    seq = 0
+    errors = 0
+    kinds: dict = {}
+
+    def batch():
+        nonlocal seq
+        items = [(make_key(client_id, seq + j), value) for j in range(spec.batch)]
+        seq += spec.batch
+        return items
+
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+    clock = time.perf_counter
+    end_warmup = clock() + spec.warmup_s
+    while clock() < end_warmup:
+        client.write_batch(batch())
+    t0 = clock()
+    end = t0 + spec.duration_s
+    batches = 0
+    while True:
+        items = batch()
+        try:
+            client.write_batch(items)
+        except Exception as exc:
+            errors += 1
+            _note_error(kinds, exc)
+        else:
+            batches += 1
+        now = clock()
+        if now >= end:
+            break
+    elapsed = now - t0
+    return {"client": client_id, "batches": batches, "writes": batches * spec.batch,
+            "elapsed_s": elapsed, "errors": errors, "error_kinds": kinds}
+
+
+def _client_main(factory, spec, client_id, start_at, queue) -> None:
+    try:
+        client = factory()
+        try:
+            result = throughput_loop(client, spec, client_id, start_at)
+        finally:
+            client.close()
+        queue.put(("ok", result))
+    except BaseException:
+        queue.put(("error", f"client {client_id}: {traceback.format_exc(limit=5)}"))
+
+
+def run_client_processes(factory, spec, start_delay_s: float = 1.5) -> dict:
+    """One process per client, all starting at the same wall-clock instant; returns the
+    summary of stats.summarize_throughput plus per-client figures."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    start_at = time.time() + start_delay_s + 0.1 * spec.clients
+    procs = [ctx.Process(target=_client_main, args=(factory, spec, i, start_at, queue),
+                         daemon=True, name=f"bench-client-{i}")
+             for i in range(spec.clients)]
+    for p in procs:
+        p.start()
+    results, failures = [], []
+    deadline = start_at + spec.warmup_s + spec.duration_s + 60
+    try:
+        for _ in procs:
+            status, payload = queue.get(timeout=max(1.0, deadline - time.time()))
+            (results if status == "ok" else failures).append(payload)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    if failures:
+        raise RuntimeError("client process failed:\n" + "\n".join(failures))
+    return finish_throughput(results, spec)
+
+
+def run_client_threads(factory, spec) -> dict:
+    """Workload (b) with one thread per client in this process, for systems whose writers
+    must live in one process (the PySyncObj node, vrepl at library level)."""
+    import threading
+    results, failures = [], []
+    start_at = time.time() + 0.2
+
+    def body(i):
+        try:
+            client = factory()
+            try:
+                results.append(throughput_loop(client, spec, i, start_at))
+            finally:
+                client.close()
+        except BaseException:
+            failures.append(f"client {i}: {traceback.format_exc(limit=5)}")
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True)
+               for i in range(spec.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(spec.warmup_s + spec.duration_s + 60)
+    if failures or len(results) != spec.clients:
+        raise RuntimeError("client thread failed:\n" + "\n".join(failures or ["timeout"]))
+    return finish_throughput(results, spec)
+
+
+def finish_throughput(results: list[dict], spec) -> dict:
+    out = summarize_throughput(results, spec.duration_s)
+    out["batch"] = spec.batch
+    out["value_size"] = spec.value_size
+    kinds: dict = {}
+    for r in results:
+        for k, n in r.get("error_kinds", {}).items():
+            kinds[k] = kinds.get(k, 0) + n
+    out["error_kinds"] = kinds
+    out["per_client_writes_per_s"] = [round(r["writes"] / r["elapsed_s"])
+                                      for r in sorted(results, key=lambda r: r["client"])]
+    return out

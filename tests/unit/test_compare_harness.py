@@ -1,0 +1,170 @@
+"""The peer-comparison harness (bench/compare): its pure parts, and one small real run.
+
+Percentiles, summaries, ratios and the generated markdown are checked exactly; the smoke test
+runs the real command against Redis for under a second of load and checks that it measured,
+wrote its JSON and left no process behind. It is skipped when redis-server is not installed
+(the harness itself would install it; the test suite does not).
+"""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.compare import report  # noqa: E402
+from bench.compare.drivers.redis_driver import encode_command  # noqa: E402
+from bench.compare.stats import (fmt_rate, fmt_ratio, fmt_us, markdown_table,  # noqa: E402
+                                 percentile, ratio, summarize_latencies_ns,
+                                 summarize_throughput)
+from bench.compare.workload import make_key, make_value  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_percentile_is_nearest_rank():
+    values = list(range(1, 5001))
+    assert percentile(values, 50) == 2500
+    assert percentile(values, 99) == 4950
+    assert percentile(values, 99.9) == 4995      # an observed value, not an interpolation
+    assert percentile(values, 100) == 5000
+    assert percentile([7], 99.9) == 7
+    assert percentile(list(range(1, 1001)), 99.9) == 999   # no float rounding up to 1000
+    assert percentile([1, 2, 3, 4], 50) == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 100.1])
+def test_percentile_rejects_out_of_range(bad):
+    with pytest.raises(ValueError):
+        percentile([1, 2], bad)
+
+
+def test_percentile_of_nothing_raises():
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_summarize_latencies_in_microseconds():
+    s = summarize_latencies_ns([3000, 1000, 2000, 4000])
+    assert s == {"count": 4, "mean_us": 2.5, "min_us": 1.0, "max_us": 4.0,
+                 "p50_us": 2.0, "p99_us": 4.0, "p999_us": 4.0}
+    assert summarize_latencies_ns([]) == {"count": 0}
+
+
+def test_summarize_throughput_sums_client_rates():
+    clients = [{"writes": 1000, "batches": 10, "elapsed_s": 1.0},
+               {"writes": 1000, "batches": 10, "elapsed_s": 2.0, "errors": 1}]
+    s = summarize_throughput(clients, 1.0)
+    assert s["writes_per_s"] == 1500
+    assert (s["writes"], s["batches"], s["errors"], s["clients"]) == (2000, 20, 1, 2)
+
+
+def test_ratio_and_formatting():
+    assert ratio(4.0, 2.0) == 2.0
+    assert ratio(None, 2.0) is None and ratio(1.0, None) is None and ratio(1.0, 0) is None
+    assert fmt_ratio(None) == "n/a"
+    assert (fmt_ratio(2.0), fmt_ratio(12.34), fmt_ratio(1234.0)) == ("2.00x", "12.3x", "1,234x")
+    assert (fmt_us(87.2), fmt_us(1250.0), fmt_us(2.5e6), fmt_us(None)) == \
+        ("87 µs", "1.25 ms", "2.5 s", "n/a")
+    assert fmt_rate(1234567.8) == "1,234,568" and fmt_rate(None) == "n/a"
+
+
+def test_markdown_table_shape():
+    t = markdown_table(["a", "b"], [["x", "1"], ["y|z", "2"]])
+    assert t.splitlines() == ["| a | b |", "|---|---:|", "| x | 1 |", "| y\\|z | 2 |"]
+    with pytest.raises(ValueError):
+        markdown_table(["a", "b"], [["only one"]])
+
+
+def test_keys_are_16_bytes_and_unique():
+    keys = {make_key(c, i) for c in range(8) for i in range(1000)}
+    assert len(keys) == 8000 and {len(k) for k in keys} == {16}
+    assert len(make_value(100)) == 100
+
+
+def test_resp_encoding():
+    assert encode_command(b"SET", b"k", b"") == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n"
+
+
+def _results(vrepl_measured: bool) -> dict:
+    def measured(p50, p99, rate):
+        return {"setting": {"description": "d", "per_write": True},
+                "latency": {"count": 10, "p50_us": p50, "p99_us": p99, "p999_us": p99,
+                            "errors": 0},
+                "throughput": {"writes_per_s": rate, "errors": 0}}
+    vrepl = ({"is_vrepl": True, "skipped": None, "modes": {"fsync": measured(100, 400, 8e5)}}
+             if vrepl_measured else
+             {"is_vrepl": True, "skipped": "vrepl driver not available yet", "modes": {}})
+    return {
+        "meta": {"command": "python -m bench.compare --quick", "machine": "2 cores",
+                 "started_at": "now",
+                 "params": {"quick": True, "latency_count": 10, "latency_warmup": 1,
+                            "clients": 8, "batch": 100, "value_size": 100, "duration_s": 2.0,
+                            "warmup_s": 0.5, "modes": ["fsync"]}},
+        "systems": {"vrepl-client": vrepl,
+                    "vrepl-lib": {"is_vrepl": True, "skipped": "vrepl driver not available yet",
+                                  "modes": {}},
+                    "redis": {"is_vrepl": False, "skipped": None, "version": "7",
+                              "modes": {"fsync": measured(200, 800, 2e5),
+                                        "nofsync": {"error": "RuntimeError: boom\nmore"}}},
+                    "etcd": {"is_vrepl": False, "skipped": "etcd not found", "modes": {}}},
+        "leftover_processes": [],
+    }
+
+
+def _row(md: str, *starts: str) -> str:
+    return next(line for line in md.splitlines() if line.startswith("| " + " | ".join(starts)))
+
+
+def test_report_without_vrepl_says_so_and_ratios_are_na():
+    md = report.render_markdown(_results(vrepl_measured=False))
+    row = _row(md, "fsync per write / batch", "redis")
+    assert "200 µs" in row and "800 µs" in row and row.endswith("| n/a / n/a | n/a / n/a |")
+    assert "| not measured |" in _row(md, "fsync per write / batch", "vrepl-client")
+    assert "| not measured |" in _row(md, "no fsync", "redis")
+    assert "- vrepl-client: skipped: vrepl driver not available yet" in md
+    assert "- redis: failed: RuntimeError: boom" in md
+    assert "- etcd: skipped: etcd not found" in md
+    assert "Leftover processes after the run: none." in md
+
+
+def test_report_ratios_are_vrepl_over_peer_in_the_same_mode():
+    md = report.render_markdown(_results(vrepl_measured=True))
+    lat = _row(md, "fsync per write / batch", "redis", "200 µs")
+    assert "| 0.50x / 0.50x | n/a / n/a |" in lat
+    thr = _row(md, "fsync per write / batch", "redis", "200,000")
+    assert thr.endswith("| 4.00x | n/a |")
+
+
+def test_update_doc_replaces_only_the_generated_section(tmp_path):
+    doc = tmp_path / "compare.md"
+    doc.write_text(f"# Title\nprose before\n\n{report.BEGIN}\nold\n{report.END}\nprose after\n")
+    report.update_doc(doc, "new table\n")
+    report.update_doc(doc, "newer table\n")
+    text = doc.read_text()
+    assert text == (f"# Title\nprose before\n\n{report.BEGIN}\nnewer table\n{report.END}\n"
+                    "prose after\n")
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None,
+                    reason="redis-server not installed (apt-get install redis-server); the "
+                           "harness installs it itself, the test suite does not")
+def test_smoke_redis_run_measures_and_leaves_nothing(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "--systems", "redis", "--modes", "nofsync",
+         "--count", "50", "--warmup", "10", "--duration", "0.3", "--warmup-s", "0.1",
+         "--clients", "2", "--batch", "10", "--no-docs", "--no-install",
+         "--workdir", str(tmp_path), "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    mode = res["systems"]["redis"]["modes"]["nofsync"]
+    assert mode["latency"]["count"] == 50 and mode["latency"]["errors"] == 0
+    assert mode["throughput"]["writes_per_s"] > 0 and mode["throughput"]["errors"] == 0
+    assert res["leftover_processes"] == []
+    assert not any(p.name.startswith("vrepl-compare-") for p in tmp_path.iterdir())
