@@ -66,12 +66,13 @@ def load_config(path: str | None, overrides: dict) -> tuple[ArbitratorConfig, di
 
 async def _run(cfg: ArbitratorConfig) -> None:
     arb = Arbitrator(cfg)
-    await arb.start()
-    print(f"vrepl-arbitrator: listening on {cfg.host}:{arb.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Handlers first: whoever reads "listening" may send SIGTERM at once.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await arb.start()
+    print(f"vrepl-arbitrator: listening on {cfg.host}:{arb.port}", flush=True)
     await stop.wait()
     await arb.stop()
     logging.getLogger("vrepl.arbitrator").info("arbitrator: stopped (%d grants, %d refusals)",

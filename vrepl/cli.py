@@ -21,7 +21,7 @@ import time
 from typing import Sequence
 
 import vrepl
-from vrepl.errors import VreplError
+from vrepl.errors import ConfigError, VreplError
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1
@@ -165,6 +165,54 @@ def cmd_wal_demo(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# node / status / demo / bench (docs/operations.md)
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from vrepl.node.config import load_config
+    from vrepl.node.server import run_node
+
+    cfg = load_config(args.config)     # ConfigError: one line, exit 2
+    try:
+        return run_node(cfg)
+    except OSError as exc:
+        raise CliError(f"node {cfg.node_id}: cannot start: {exc.strerror or exc}"
+                       f"{' (' + exc.filename + ')' if getattr(exc, 'filename', None) else ''}",
+                       EXIT_CORRUPT) from None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from vrepl.client import Client
+    from vrepl.node.demo import print_cluster_status
+
+    client = Client([args.node], request_timeout_s=args.timeout)
+    try:
+        try:
+            client.status(args.node)
+        except VreplError as exc:
+            raise CliError(f"{args.node}: {exc}", EXIT_CORRUPT) from None
+        cluster = client.cluster_status()
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(cluster, indent=2))
+    else:
+        print_cluster_status(cluster)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from vrepl.node.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from vrepl.node.loadgen import run_bench_cli
+
+    return run_bench_cli(args)
+
+
+# ---------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vrepl", description="vrepl: master-slave replication for"
@@ -205,6 +253,39 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", help="WAL directory (default: a temporary one, removed after)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
     demo.set_defaults(func=cmd_wal_demo)
+
+    n = sub.add_parser("node", help="run a node (vnodes, replication, HTTP API)")
+    n.add_argument("--config", required=True, metavar="PATH", help="node.toml")
+    n.set_defaults(func=cmd_node)
+
+    st = sub.add_parser("status", help="the cluster as a table: roles, versions, lag")
+    st.add_argument("--node", required=True, metavar="HOST:PORT", help="any node's HTTP address")
+    st.add_argument("--json", action="store_true", help="every node's status document")
+    st.add_argument("--timeout", type=float, default=3.0, help="seconds per request (3)")
+    st.set_defaults(func=cmd_status)
+
+    dm = sub.add_parser("demo", help="3 replicas on loopback: write, kill the master, recover,"
+                        " compare")
+    dm.add_argument("--rows", type=int, default=30_000, help="rows written before and after"
+                    " the failover, each (30000)")
+    dm.add_argument("--batch", type=int, default=100, help="rows per write request (100)")
+    dm.add_argument("--tables", type=int, default=4, help="tables written (4)")
+    dm.add_argument("--dir", help="base directory (default: a temporary one, removed after)")
+    dm.add_argument("--keep", action="store_true", help="keep the directory")
+    dm.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
+    dm.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="load generator: concurrent clients against a vgroup")
+    b.add_argument("--nodes", help="HTTP addresses (host:port,...); default: start a local"
+                   " 3-replica cluster (quorum 2) in a temporary directory")
+    b.add_argument("--vgroup", type=int, default=1)
+    b.add_argument("--clients", type=int, default=16, help="concurrent clients (16)")
+    b.add_argument("--batch", type=int, default=100, help="rows per request (100)")
+    b.add_argument("--row-bytes", type=int, default=100, help="approximate JSON bytes per row (100)")
+    b.add_argument("--duration", type=float, default=10.0, help="seconds (10)")
+    b.add_argument("--warmup", type=float, default=1.0, help="seconds not measured (1)")
+    b.add_argument("--json", action="store_true", help="print the result as JSON")
+    b.set_defaults(func=cmd_bench)
     return p
 
 
@@ -219,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     for name in ("from_version", "records", "batch", "payload_bytes", "max_file_mb",
-                 "max_record_bytes"):
+                 "max_record_bytes", "rows", "tables", "clients", "row_bytes", "duration"):
         value = getattr(args, name, None)
         if value is not None and value < (1 if name != "payload_bytes" else 0):
             _err(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -229,6 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         _err(str(exc))
         return exc.code
+    except ConfigError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
     except VreplError as exc:
         from vrepl.errors import WalCorruptError, WalError
         _err(str(exc))

@@ -33,6 +33,7 @@ class VnodeConfig:
     memtable_max_rows: int = 1_000_000       # ... or this many rows
     memtable_max_age_ms: int = 60_000        # ... or its oldest unflushed row is this old
     max_confirmations: int = 100_000         # confirm_forward statuses kept for waiters
+    dedup_max_entries: int = 200_000         # request ids remembered for retried writes
     fsync: bool = True                       # fsync archived files and the manifest
 
     @property

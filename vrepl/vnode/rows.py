@@ -42,6 +42,13 @@ VALUE_FIXED_BYTES = 8
 PAYLOAD_MAGIC = b"VRB"
 PAYLOAD_FORMAT = 1
 PAYLOAD_HEADER = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT])
+# Format 2 carries the client's request id (docs/vnode.md §payload): "VRB" 0x02, one byte n,
+# n bytes of id, then the same JSON body. The id travels with the record so that every
+# replica, and a node replaying its WAL, can dedup a retried request (docs/client-api.md).
+PAYLOAD_FORMAT_RID = 2
+PAYLOAD_HEADER_RID = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_RID])
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+REQUEST_ID_RULE = "[A-Za-z0-9_.:-]{1,64}"
 
 Row = Sequence[Any]            # (table, ts, values)
 Schemas = Mapping[str, Mapping[str, str]]   # table -> column -> type name
@@ -206,13 +213,44 @@ def encode_rows(rows: Iterable[Row]) -> bytes:
     return PAYLOAD_HEADER + body.encode("utf-8")
 
 
+def encode_payload(body: bytes, request_id: str | None = None) -> bytes:
+    """The WAL payload of a batch whose JSON body is already encoded (the client's bytes,
+    checked by the caller to be UTF-8 JSON of valid rows), with an optional request id."""
+    if request_id is None:
+        return PAYLOAD_HEADER + body
+    rid = request_id.encode("ascii")
+    return PAYLOAD_HEADER_RID + bytes([len(rid)]) + rid + body
+
+
+def body_offset(payload: bytes | memoryview) -> int:
+    """Where the JSON body of a payload with a valid header starts."""
+    if payload[3] == PAYLOAD_FORMAT_RID:
+        return len(PAYLOAD_HEADER_RID) + 1 + payload[4]
+    return len(PAYLOAD_HEADER)
+
+
+def payload_request_id(payload: bytes | memoryview) -> str | None:
+    """The request id a payload carries (format 2), or None."""
+    if len(payload) > 5 and payload[3] == PAYLOAD_FORMAT_RID and bytes(payload[:3]) == PAYLOAD_MAGIC:
+        return bytes(payload[5:5 + payload[4]]).decode("ascii", "replace")
+    return None
+
+
 def payload_invalid_header(payload: bytes | memoryview) -> str | None:
     if len(payload) < len(PAYLOAD_HEADER):
         return f"{len(payload)} bytes, shorter than the {len(PAYLOAD_HEADER)}-byte header"
     if bytes(payload[:3]) != PAYLOAD_MAGIC:
         return f"does not start with {PAYLOAD_MAGIC!r} (not a vrepl row batch)"
+    if payload[3] == PAYLOAD_FORMAT_RID:
+        if len(payload) < 5 or len(payload) < 5 + payload[4]:
+            return f"{len(payload)} bytes, shorter than its request id header"
+        rid = bytes(payload[5:5 + payload[4]]).decode("ascii", "replace")
+        if REQUEST_ID_RE.fullmatch(rid) is None:
+            return f"request id {rid!r} does not match {REQUEST_ID_RULE}"
+        return None
     if payload[3] != PAYLOAD_FORMAT:
-        return f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT})"
+        return (f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT}"
+                f" and {PAYLOAD_FORMAT_RID})")
     return None
 
 
@@ -241,10 +279,11 @@ def decode_checked(payload: bytes | memoryview, version: int | None = None,
     if reason is not None:
         raise PayloadError(reason, version)
     try:
-        rows = json.loads(bytes(payload[len(PAYLOAD_HEADER):]).decode("utf-8"))
+        start = body_offset(payload)
+        rows = json.loads(bytes(payload[start:]).decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise PayloadError(f"body is not UTF-8 ({exc.reason} at byte"
-                           f" {exc.start + len(PAYLOAD_HEADER)})", version) from None
+                           f" {exc.start + start})", version) from None
     except RecursionError:
         raise PayloadError("body nests too deeply", version) from None
     except ValueError as exc:

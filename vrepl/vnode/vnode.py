@@ -20,6 +20,7 @@ A flush holds the lock while it writes Parquet: writes wait for it (docs/vnode.m
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 import time
@@ -81,6 +82,13 @@ class Vnode:
         self._lock = threading.RLock()
         self._store = ArchiveStore(self.path, cfg)
         self._mem = Memtable()
+        # The memtable being written to files by a flush (TDengine's imem): still queried,
+        # no longer written. One flush at a time (_flush_lock, taken before _lock).
+        self._imem: Memtable | None = None
+        self._flush_lock = threading.RLock()
+        # Request id -> version of the newest writes that carried one (docs/client-api.md
+        # §retries): a retried request whose id is here is answered, not written again.
+        self._rids: OrderedDict[str, int] = OrderedDict()
         self._closed = False
         self._load_from_manifest()
         self.role = "unsynced"
@@ -141,6 +149,63 @@ class Vnode:
         for table, cols in added.items():
             self._schemas.setdefault(table, {}).update(cols)
 
+    def prepare_raw(self, body: bytes, request_id: str | None = None
+                    ) -> tuple[str | None, list, bytes]:
+        """prepare_write for a client's JSON body (an array of rows): (reason, [], b"") or
+        (None, rows, payload). The payload embeds the client's bytes as they are (they were
+        just parsed and checked, so every replica decodes the same rows), which saves
+        encoding the batch again; a request id makes it a format-2 payload."""
+        if request_id is not None and R.REQUEST_ID_RE.fullmatch(request_id) is None:
+            return f"request_id {request_id[:70]!r} does not match {R.REQUEST_ID_RULE}", [], b""
+        try:
+            rows = json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return f"body is not UTF-8 ({exc.reason} at byte {exc.start})", [], b""
+        except RecursionError:
+            return "body nests too deeply", [], b""
+        except ValueError as exc:
+            return f"body is not JSON ({exc})", [], b""
+        with self._lock:
+            self._check_open()
+            reason, added, _ = R.check_rows(rows, self.config, self._schemas,
+                                            len(self._schemas))
+            if reason is not None:
+                return reason, [], b""
+            payload = R.encode_payload(body, request_id)
+            if len(payload) > self.config.max_payload_bytes:
+                return (f"encoded batch is {len(payload)} bytes, above max_payload_bytes"
+                        f" {self.config.max_payload_bytes}"), [], b""
+            self._add_columns(added)
+            return None, rows, payload
+
+    def apply_prepared(self, version: int, epoch: int, rows: Sequence[Sequence[Any]],
+                       nbytes: int, request_id: str | None = None) -> bool:
+        """Apply rows that prepare_raw/prepare_write accepted on this vnode (the master's
+        path: they were checked and their columns reserved, so they are not checked again).
+        False if `version` was already applied."""
+        with self._lock:
+            self._check_open()
+            if version <= self.applied_version:
+                return False
+            self._mem.apply(version, epoch, rows, self._clock(), nbytes)
+            self.applied_version = version
+            self.applied_epoch = max(self.applied_epoch, epoch)
+            if request_id is not None:
+                self._note_rid(request_id, version)
+            return True
+
+    def _note_rid(self, rid: str, version: int) -> None:
+        rids = self._rids
+        rids[rid] = version
+        rids.move_to_end(rid)
+        if len(rids) > self.config.dedup_max_entries:
+            rids.popitem(last=False)
+
+    def request_version(self, request_id: str) -> int | None:
+        """The version that applied a write carrying `request_id`, if remembered."""
+        with self._lock:
+            return self._rids.get(request_id)
+
     def apply_local(self, version: int, epoch: int, rows: Sequence[Sequence[Any]],
                     nbytes: int | None = None) -> bool:
         """Apply a batch written at `version` to the memtable; False if already applied.
@@ -187,6 +252,10 @@ class Vnode:
             if conflict is not None:
                 raise ApplyError(f"version {version}: cannot apply: {conflict}")
             self._apply_locked(version, epoch, rows, added, len(payload))
+            if payload[3] == R.PAYLOAD_FORMAT_RID:
+                rid = R.payload_request_id(payload)
+                if rid is not None:
+                    self._note_rid(rid, version)
             return True
 
     def apply_record(self, record: Any) -> bool:
@@ -310,48 +379,79 @@ class Vnode:
     def flush(self, wal: Any = None) -> list[ArchivedFile]:
         """Archive the memtable; returns the files written.
 
-        For every (table, bucket) it touches: merge the current file (if any) with the
-        memtable rows, newest version per ts winning, and write a new file; then commit a
-        manifest naming the new files with archived_version = the last applied version, and
-        delete the replaced files. Only then may the WAL below archived_version + 1 go:
-        `wal.recycle(archived_version + 1)` if a WalWriter is given, else the owner reads
-        `archived_version`.
+        Under the lock, the memtable becomes the immutable `imem` (still queried) and a new
+        one takes the writes; the files are written outside the lock, so writes and queries
+        go on meanwhile. For every (table, bucket) imem touches: merge the current file (if
+        any) with imem's rows, newest version per ts winning, and write a new file; then,
+        under the lock again, commit a manifest naming the new files with archived_version =
+        the last version imem holds, delete the replaced files and drop imem. Only then may
+        the WAL below archived_version + 1 go: `wal.recycle(archived_version + 1)` if a
+        WalWriter is given, else the owner reads `archived_version`.
         """
-        with self._lock:
-            self._check_open()
-            mem = self._mem
-            if not mem.rows:
-                return []
-            store = self._store
-            old = store.manifest
-            version = self.applied_version
-            span = self.config.file_span
-            current = {(f.table, f.bucket): f for f in old.files}
-            files = {k: f for k, f in current.items()}
-            written, superseded = [], []
-            for table, tm in mem.tables.items():
-                schema = arrow_schema(self.config.precision, self._schemas.get(table, {}))
-                buckets: dict[int, list] = {}
-                for ts in tm.keys:
-                    buckets.setdefault(ts // span, []).append((ts, tm.rows[ts]))
-                for bucket, rows in buckets.items():
-                    new = rows_to_arrow(rows, schema)
-                    prev = current.get((table, bucket))
-                    if prev is not None:
-                        new = newest_per_ts(pa.concat_tables(
-                            [conform(store.read(prev), schema), new]))
-                        superseded.append(prev)
-                    af = store.write(table, bucket, version, new)
-                    files[(table, bucket)] = af
-                    written.append(af)
-            manifest = Manifest(old.precision, old.file_span_ms, version,
-                                max(old.archived_epoch, self.applied_epoch),
-                                copy.deepcopy(self._schemas), list(files.values()))
-            store.commit(manifest, superseded)
-            mem.clear()
+        with self._flush_lock:
+            with self._lock:
+                self._check_open()
+                mem = self._mem
+                if not mem.rows:
+                    return []
+                self._imem = mem
+                self._mem = Memtable()
+                old = self._store.manifest
+                version = self.applied_version
+                epoch = max(old.archived_epoch, self.applied_epoch)
+                schemas = copy.deepcopy(self._schemas)
+            try:
+                written, superseded, files = self._write_files(mem, old, version, schemas)
+            except BaseException:
+                with self._lock:   # keep the rows: put imem back under the newer writes
+                    self._mem = self._merge_back(mem, self._mem)
+                    self._imem = None
+                raise
+            with self._lock:
+                manifest = Manifest(old.precision, old.file_span_ms, version, epoch, schemas,
+                                    files)
+                self._store.commit(manifest, superseded)
+                self._imem = None
         if wal is not None:
             wal.recycle(version + 1)
         return written
+
+    def _write_files(self, mem: Memtable, old: Manifest, version: int,
+                     schemas: dict[str, dict[str, str]]):
+        store = self._store
+        span = self.config.file_span
+        current = {(f.table, f.bucket): f for f in old.files}
+        files = dict(current)
+        written, superseded = [], []
+        for table, tm in mem.tables.items():
+            schema = arrow_schema(self.config.precision, schemas.get(table, {}))
+            buckets: dict[int, list] = {}
+            for ts in tm.keys:
+                buckets.setdefault(ts // span, []).append((ts, tm.rows[ts]))
+            for bucket, rows in buckets.items():
+                new = rows_to_arrow(rows, schema)
+                prev = current.get((table, bucket))
+                if prev is not None:
+                    new = newest_per_ts(pa.concat_tables(
+                        [conform(store.read(prev), schema), new]))
+                    superseded.append(prev)
+                af = store.write(table, bucket, version, new)
+                files[(table, bucket)] = af
+                written.append(af)
+        return written, superseded, list(files.values())
+
+    @staticmethod
+    def _merge_back(older: Memtable, newer: Memtable) -> Memtable:
+        """A failed flush: one memtable holding older's rows overwritten by newer's."""
+        merged = Memtable()
+        for m in (older, newer):
+            for table, tm in m.tables.items():
+                for ts in tm.keys:
+                    version, epoch, values = tm.rows[ts]
+                    merged.apply(version, epoch, ((table, ts, values),),
+                                 m.first_write_at or 0.0, 0)
+        merged.bytes = older.bytes + newer.bytes
+        return merged
 
     # -- query ----------------------------------------------------------------------------
     def query(self, table: str, start: int, end: int) -> list[dict[str, Any]]:
@@ -369,6 +469,7 @@ class Vnode:
             with self._lock:
                 self._check_open()
                 mem_rows = self._mem.range(table, start, end)
+                imem_rows = self._imem.range(table, start, end) if self._imem else []
                 files = self._store.files_of(table, start // span, (end - 1) // span)
                 columns = dict(self._schemas.get(table, {}))
             try:
@@ -391,7 +492,7 @@ class Vnode:
                     if prev is None or row["_version"] >= prev["_version"]:
                         out[row["ts"]] = row
         floats = [c for c, t in columns.items() if t == R.TYPE_FLOAT]
-        for ts, (version, epoch, values) in mem_rows:
+        for ts, (version, epoch, values) in (*imem_rows, *mem_rows):
             prev = out.get(ts)
             if prev is not None and prev["_version"] > version:
                 continue
@@ -436,10 +537,10 @@ class Vnode:
         is at or above archived_version; VnodeError otherwise (archived files hold versions
         the log no longer has: the node needs a restore).
         """
-        with self._lock:
+        with self._flush_lock, self._lock:
             self._check_open()
             self._store.reload()
-            self._mem.clear()
+            self._mem = Memtable()
             self._load_from_manifest()
             from vrepl.wal import inspect
             wal_dir = wal_dir or self.wal_dir
@@ -453,7 +554,11 @@ class Vnode:
                                      f" archived version {archived}: archived files hold"
                                      f" versions the log no longer has; this vnode needs a"
                                      f" restore")
-            return self.recover(wal_dir)
+            n = self.recover(wal_dir)
+            # Writes above the kept version were cut from the log: forget their ids.
+            for rid in [r for r, v in self._rids.items() if v > self.applied_version]:
+                del self._rids[rid]
+            return n
 
     def verify_files(self) -> list[str]:
         """Read every archived file against its manifest entry; one reason per bad file."""
@@ -473,16 +578,19 @@ class Vnode:
             return {"path": self.path, "role": self.role, "version": self.applied_version,
                     "epoch": self.applied_epoch, "archived_version": m.archived_version,
                     "memtable_rows": self._mem.rows, "memtable_bytes": self._mem.bytes,
+                    "flushing": self._imem is not None,
                     "files": len(m.files), "tables": len(self._schemas),
                     "flow_control": self.flow_control}
 
     def close(self, wal: Any = None) -> None:
         """Flush (durably) and refuse further calls; idempotent."""
-        with self._lock:
-            if self._closed:
-                return
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return
             self.flush(wal)
-            self._closed = True
+            with self._lock:
+                self._closed = True
 
     def __enter__(self) -> "Vnode":
         return self

@@ -1,0 +1,102 @@
+"""End-to-end figures through the client API (issue 4 targets).
+
+    python bench/bench_e2e.py [--duration 10] [--clients 16] [--dir /dev/shm/x] [--json]
+
+Starts 3 `vrepl node` processes on 127.0.0.1 (one vgroup, quorum 2, logs at WARNING) in a
+temporary directory (or --dir: e.g. tmpfs to take the disk out), waits for a master and two
+slaves, then runs the load generator (vrepl/node/loadgen.py) in this process:
+
+1. throughput: `--clients` concurrent keep-alive connections, batches of 100 rows of ~100
+   JSON bytes, confirmed rows/s (target >= 200,000);
+2. latency: one client, one row per request, p50 (target <= 1 ms).
+
+Everything runs on the same machine: the load generator, the master and both slaves share
+its cores, so the figures say what the whole system costs per row, not what one node
+could do with its own machine. Prints both results and the targets; every process is
+killed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from vrepl.node.loadgen import run_load  # noqa: E402
+from vrepl.node.local import LocalCluster  # noqa: E402
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(cluster: LocalCluster, fn):
+    pids = [n.proc.pid for n in cluster.nodes.values() if n.proc is not None]
+    before = [_cpu_s(p) for p in pids]
+    t0 = os.times()
+    res = fn()
+    t1 = os.times()
+    nodes_cpu = sum(_cpu_s(p) for p in pids) - sum(before)
+    gen_cpu = (t1.user - t0.user) + (t1.system - t0.system)
+    return res, nodes_cpu, gen_cpu
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--row-bytes", type=int, default=100)
+    ap.add_argument("--latency-duration", type=float, default=5.0)
+    ap.add_argument("--dir", help="base directory (default: a temporary one)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    base = tempfile.mkdtemp(prefix="vrepl-e2e-", dir=args.dir)
+    cluster = LocalCluster(base, 3, vgroup=1, quorum=2, log_level="WARNING")
+    try:
+        cluster.start()
+        cluster.wait_ready()
+        cluster.wait_master(slaves=2)
+        load = os.getloadavg()
+        thr, nodes_cpu, gen_cpu = _measure(cluster, lambda: run_load(
+            cluster.endpoints, 1, args.clients, args.batch, args.row_bytes, args.duration, 1.0))
+        # CPU per confirmed row (3 nodes + load generator; the warm-up second is included in
+        # the CPU but not in the rows, so this slightly overstates the cost).
+        rows_all = thr.rows * (args.duration + 1.0) / args.duration
+        cpu_us_per_row = (nodes_cpu + gen_cpu) / max(1, rows_all) * 1e6
+        bound = os.cpu_count() / (cpu_us_per_row / 1e6) if cpu_us_per_row else 0
+        time.sleep(0.5)
+        lat = run_load(cluster.endpoints, 1, 1, 1, args.row_bytes, args.latency_duration, 0.5)
+        out = {"throughput": asdict(thr), "latency": asdict(lat), "cpus": os.cpu_count(),
+               "cpu_s_nodes": nodes_cpu, "cpu_s_loadgen": gen_cpu,
+               "cpu_us_per_row": cpu_us_per_row, "cpu_bound_rows_per_s": bound,
+               "loadavg_before": load, "dir": base}
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(f"machine: {os.cpu_count()} CPUs, load average before the run"
+                  f" {load[0]:.2f}; data in {base}")
+            print("throughput: " + thr.describe())
+            print(f"  target >= 200,000 rows/s: {'met' if thr.rows_per_s >= 200_000 else 'NOT met'}")
+            print(f"  CPU: nodes {nodes_cpu:.1f} s + load generator {gen_cpu:.1f} s ="
+                  f" {cpu_us_per_row:.1f} CPU-us per confirmed row: {os.cpu_count()} idle CPUs"
+                  f" could confirm at most ~{bound:,.0f} rows/s")
+            print("latency:    " + lat.describe())
+            print(f"  target p50 <= 1 ms: {'met' if lat.p50_ms <= 1.0 else 'NOT met'}")
+        return 0
+    finally:
+        cluster.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

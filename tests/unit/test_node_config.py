@@ -1,0 +1,55 @@
+"""node.toml parsing: defaults, and a one-line reason naming the setting for each mistake."""
+from __future__ import annotations
+
+import pytest
+
+from vrepl.errors import ConfigError
+from vrepl.node.config import parse_config
+
+
+def base(**over):
+    doc = {"node_id": 1, "data_dir": "/tmp/vrepl-x", "secret": "s",
+           "nodes": [{"id": 1, "replication": "127.0.0.1:7001", "http": "127.0.0.1:7101"},
+                     {"id": 2, "replication": "127.0.0.1:7002", "http": "127.0.0.1:7102"},
+                     {"id": 3, "replication": "127.0.0.1:7003", "http": "127.0.0.1:7103"}],
+           "vgroups": [{"id": 1, "replicas": [1, 2, 3], "quorum": 2}]}
+    doc.update(over)
+    return doc
+
+
+def test_defaults():
+    cfg = parse_config(base())
+    assert cfg.http_listen == ("127.0.0.1", 7101)
+    assert cfg.http.max_body_bytes == 8 * 1024 * 1024
+    assert cfg.vnode.memtable_max_rows == 1_000_000
+    sc = cfg.sync_config(cfg.vgroups[0])
+    assert sc.self_index == 0 and sc.quorum == 2 and sc.data_path.endswith("vg1")
+
+
+BAD = [
+    ({"node_id": "1"}, "node_id must be int"),
+    ({"node_id": 9}, "node_id 9 is not in [[nodes]]"),
+    ({"secret": ""}, "secret"),
+    ({"log_level": "LOUD"}, "log_level"),
+    ({"bogus": 1}, "unknown setting bogus"),
+    ({"http": {"max_body_bytes": 0}}, "http.max_body_bytes must be > 0"),
+    ({"http": {"listen": "nowhere"}}, "http.listen 'nowhere' is not host:port"),
+    ({"http": {"speed": 1}}, "unknown setting http.speed"),
+    ({"vnode": {"precision": "ns"}}, "precision"),
+    ({"vnode": {"memtable_max_rows": "many"}}, "vnode.memtable_max_rows must be int"),
+    ({"sync": {"tick_ms": "fast"}}, "sync.tick_ms must be int"),
+    ({"sync": {"nope": 1}}, "unknown setting sync.nope"),
+    ({"vgroups": [{"id": 1, "replicas": [1, 2, 7]}]}, "node 7 is not in [[nodes]]"),
+    ({"vgroups": [{"id": 1, "replicas": [2, 3]}]}, "do not include this node"),
+    ({"vgroups": [{"id": 1, "replicas": [1, 2, 3], "quorum": 5}]}, "quorum 5"),
+    ({"vgroups": []}, "[[vgroups]] is missing"),
+    ({"nodes": [{"id": 1, "replication": "127.0.0.1:7001", "http": "127.0.0.1:7001"}]},
+     "used twice"),
+]
+
+
+@pytest.mark.parametrize("over,words", BAD, ids=[w for _, w in BAD])
+def test_wrong_setting_is_one_line_naming_it(over, words):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(base(**over))
+    assert words in str(exc.value) and "\n" not in str(exc.value)

@@ -1,0 +1,279 @@
+"""The Python client of the node's HTTP/JSON API (docs/client-api.md).
+
+Owns: finding the master of a vgroup among the nodes it knows (and following it after a
+failover), keep-alive connections per node, and retries that never turn an unknown outcome
+into a silent duplicate: every write carries a request id (random unless the caller gives
+one), a retry sends the same id, and the vgroup's replicas remember the ids in their log
+(docs/client-api.md §Retries), so a retried write that had in fact been applied is answered
+with its original version instead of being written twice. When the client cannot learn the
+outcome before its deadline it raises OutcomeUnknownError carrying the request id; the
+caller may retry later with that id.
+Must not: retry a write that the server refused as bad input, or change a request id.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from vrepl.errors import VreplError
+
+
+class ClientError(VreplError):
+    """Base of the client's errors."""
+
+
+class BadRequestError(ClientError, ValueError):
+    """The node refused the request as invalid (4xx): nothing was written. `reason` says why."""
+
+    def __init__(self, status: int, code: str, reason: str):
+        self.status, self.code, self.reason = status, code, reason
+        super().__init__(f"{status} {code}: {reason}")
+
+
+class NotWrittenError(ClientError, ConnectionError):
+    """No master could take the write before the deadline; it was certainly not written."""
+
+
+class OutcomeUnknownError(ClientError, TimeoutError):
+    """The write may or may not have been applied. Retrying with `request_id` is safe: the
+    vgroup answers with the original version if it was applied."""
+
+    def __init__(self, request_id: str, reason: str):
+        self.request_id = request_id
+        super().__init__(f"request {request_id}: outcome unknown: {reason}")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    version: int          # the record's version in the vgroup's log
+    epoch: int
+    node: int             # the master that answered
+    duplicate: bool       # True: an earlier attempt with this request id had been applied
+    request_id: str
+    attempts: int
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"node address {text!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class _Conn:
+    """One keep-alive HTTP connection to a node, reopened after any error."""
+
+    def __init__(self, endpoint: str, timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self.host, self.port = _endpoint(endpoint)
+        self.timeout_s = timeout_s
+        self.conn: http.client.HTTPConnection | None = None
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+            self.conn.connect()
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            self.conn.request(method, path, body=body, headers=headers)
+            resp = self.conn.getresponse()
+            data = resp.read()
+            if resp.getheader("Connection", "").lower() == "close":
+                self.close()
+        except BaseException:
+            self.close()
+            raise
+        try:
+            doc = json.loads(data) if data else {}
+        except ValueError:
+            doc = {"error": data[:200].decode("latin-1"), "code": "not_json"}
+        return resp.status, doc
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class Client:
+    """`Client(["127.0.0.1:6201", ...])`: any subset of the cluster's nodes (HTTP addresses);
+    the others are learnt from their status. Not thread-safe: one per thread."""
+
+    def __init__(self, nodes: Sequence[str] | str, *, timeout_s: float = 10.0,
+                 request_timeout_s: float = 15.0, retry_pause_s: float = 0.05) -> None:
+        if isinstance(nodes, str):
+            nodes = [n for n in nodes.split(",") if n]
+        if not nodes:
+            raise ValueError("give at least one node address (host:port)")
+        for n in nodes:
+            _endpoint(n)
+        self.nodes: list[str] = list(dict.fromkeys(nodes))
+        self.timeout_s = timeout_s                  # whole operation, retries included
+        self.request_timeout_s = request_timeout_s  # one HTTP exchange
+        self.retry_pause_s = retry_pause_s
+        self._conns: dict[str, _Conn] = {}
+        self._master: dict[int, str] = {}           # vgroup -> master's http endpoint
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _conn(self, endpoint: str) -> _Conn:
+        c = self._conns.get(endpoint)
+        if c is None:
+            c = self._conns[endpoint] = _Conn(endpoint, self.request_timeout_s)
+        return c
+
+    def request(self, endpoint: str, method: str, path: str,
+                body: bytes | None = None) -> tuple[int, dict]:
+        return self._conn(endpoint).request(method, path, body)
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _learn(self, status: dict) -> None:
+        for info in status.get("nodes", {}).values():
+            ep = info.get("http")
+            if ep and ep not in self.nodes:
+                self.nodes.append(ep)
+
+    # -- API ------------------------------------------------------------------------------------
+    def status(self, node: str | None = None) -> dict:
+        """The status document of one node (the first that answers if none is named)."""
+        errors = []
+        for ep in [node] if node else list(self.nodes):
+            try:
+                code, doc = self.request(ep, "GET", "/v1/status")
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(f"{ep}: {exc}")
+                continue
+            if code == 200:
+                self._learn(doc)
+                return doc
+            errors.append(f"{ep}: {code} {doc.get('error')}")
+        raise NotWrittenError(f"no node answered: {'; '.join(errors)}")
+
+    def cluster_status(self) -> dict[str, dict | str]:
+        """Every known node's status (or the error reaching it), by http address."""
+        out: dict[str, dict | str] = {}
+        i = 0
+        while i < len(self.nodes):
+            ep = self.nodes[i]
+            i += 1
+            try:
+                code, doc = self.request(ep, "GET", "/v1/status")
+                if code == 200:
+                    self._learn(doc)
+                    out[ep] = doc
+                else:
+                    out[ep] = f"{code} {doc.get('error')}"
+            except (OSError, http.client.HTTPException) as exc:
+                out[ep] = f"unreachable: {exc}"
+        return out
+
+    def find_master(self, vgroup: int) -> str | None:
+        """The http address of the node that says it is vgroup's master, or None."""
+        hint = None
+        for ep in list(self.nodes):
+            try:
+                code, doc = self.request(ep, "GET", "/v1/status")
+            except (OSError, http.client.HTTPException):
+                continue
+            if code != 200:
+                continue
+            self._learn(doc)
+            for vg in doc.get("vgroups", []):
+                if vg.get("vgroup") != vgroup:
+                    continue
+                if vg.get("role") == "master":
+                    self._master[vgroup] = ep
+                    return ep
+                hint = hint or vg.get("master_http")
+        if hint:
+            self._master[vgroup] = hint
+        return hint
+
+    def write(self, vgroup: int, rows: Iterable[Sequence[Any]] | bytes,
+              request_id: str | None = None) -> WriteResult:
+        """Write a batch of rows ([table, ts, {column: value}], or their JSON bytes) and return
+        its version once a quorum confirmed it. Follows the master; retries with the same
+        request id. Raises BadRequestError (refused: nothing written), NotWrittenError (no
+        master took it) or OutcomeUnknownError (retry later with e.request_id)."""
+        body = rows if isinstance(rows, bytes) else json.dumps(
+            list(rows), separators=(",", ":"), allow_nan=False).encode()
+        rid = request_id or uuid.uuid4().hex
+        path = f"/v1/vgroups/{vgroup}/write?request_id={rid}"
+        deadline = time.monotonic() + self.timeout_s
+        unknown: str | None = None     # the last reason the outcome was unknown
+        last = "no node tried"
+        attempts = 0
+        pause = self.retry_pause_s
+        while True:
+            ep = self._master.get(vgroup) or self.find_master(vgroup)
+            if ep is not None:
+                attempts += 1
+                sent = False
+                try:
+                    conn = self._conn(ep)
+                    if conn.conn is None:      # connect first: a refused connect sent nothing
+                        code, doc = conn.request("GET", "/v1/status")
+                    sent = True
+                    code, doc = conn.request("POST", path, body)
+                except (OSError, http.client.HTTPException) as exc:
+                    self._master.pop(vgroup, None)
+                    last = f"{ep}: {type(exc).__name__}: {exc}"
+                    if sent:   # the request may have reached the master
+                        unknown = last
+                else:
+                    if code == 200:
+                        return WriteResult(doc["version"], doc.get("epoch", 0), doc.get("node", 0),
+                                           bool(doc.get("duplicate")), rid, attempts)
+                    outcome = doc.get("outcome")
+                    last = f"{ep}: {code} {doc.get('error')}"
+                    if 400 <= code < 500 and doc.get("code") != "not_master":
+                        raise BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
+                    if outcome == "unknown":
+                        unknown = last
+                    if doc.get("code") in ("not_master", "not_confirmed"):
+                        self._master.pop(vgroup, None)
+                        if doc.get("master_http") and doc.get("master_http") != ep:
+                            self._master[vgroup] = doc["master_http"]
+                            continue
+            if time.monotonic() + pause > deadline:
+                if unknown is not None:
+                    raise OutcomeUnknownError(rid, unknown)
+                raise NotWrittenError(f"vg{vgroup}: no master took the write within"
+                                      f" {self.timeout_s} s ({last})")
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.5)
+
+    def read(self, vgroup: int, table: str, start: int | None = None, end: int | None = None,
+             node: str | None = None, limit: int | None = None) -> dict:
+        """Rows of `table` with start <= ts < end from one replica (the master by default):
+        {"rows": [{"ts", "_version", "_epoch", columns...}], "truncated", "version", ...}."""
+        ep = node or self._master.get(vgroup) or self.find_master(vgroup) or self.nodes[0]
+        q = [f"table={table}"]
+        if start is not None:
+            q.append(f"start={start}")
+        if end is not None:
+            q.append(f"end={end}")
+        if limit is not None:
+            q.append(f"limit={limit}")
+        code, doc = self.request(ep, "GET", f"/v1/vgroups/{vgroup}/rows?{'&'.join(q)}")
+        if code != 200:
+            if 400 <= code < 500:
+                raise BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
+            raise ClientError(f"{ep}: {code} {doc.get('error')}")
+        return doc

@@ -1,0 +1,311 @@
+"""The node process's configuration: one TOML file (docs/operations.md §Configuration).
+
+Owns: reading node.toml into a NodeConfig (this node's id, data directory, cluster secret,
+logging, the HTTP API's limits, the cluster's node table, the vgroups this node hosts, the
+vnode settings and the sync tunables), with every setting's default, and the one-line reason
+a setting is refused (`ConfigError` naming the file and the key). Must not: open sockets,
+create directories or start anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from vrepl.config import SyncConfig, parse_endpoint, sync_config_invalid
+from vrepl.errors import ConfigError
+from vrepl.vnode.config import VnodeConfig, config_invalid as vnode_config_invalid
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# SyncConfig fields the node sets itself; everything else may be tuned under [sync].
+_SYNC_FIXED = {"vgroup_id", "replicas", "self_index", "data_path", "secret", "quorum",
+               "arbitrator", "initial_version", "initial_epoch"}
+SYNC_TUNABLES = {f.name: f for f in dataclasses.fields(SyncConfig) if f.name not in _SYNC_FIXED}
+VNODE_SETTINGS = {f.name: f for f in dataclasses.fields(VnodeConfig)}
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """One node of the cluster: its replication server and its HTTP API."""
+
+    id: int
+    replication: tuple[str, int]
+    http: tuple[str, int]
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"{self.http[0]}:{self.http[1]}"
+
+    @property
+    def replication_endpoint(self) -> str:
+        return f"{self.replication[0]}:{self.replication[1]}"
+
+
+@dataclass(frozen=True)
+class VgroupSpec:
+    id: int
+    replicas: tuple[int, ...]      # node ids
+    quorum: int = 0                # 0: a majority
+    arbitrator: str | None = None  # "host:port", used for an even replica count
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    listen: tuple[str, int] | None = None   # None: this node's `http` address in [[nodes]]
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    max_connections: int = 1024
+    idle_timeout_ms: int = 60_000
+    write_timeout_ms: int = 10_000
+    max_query_rows: int = 100_000
+    max_pending_writes: int = 10_000        # per vgroup: writes waiting for confirmation
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    path: str
+    node_id: int
+    data_dir: str
+    secret: bytes
+    nodes: dict[int, NodeAddress]
+    vgroups: tuple[VgroupSpec, ...]
+    http: HttpSettings = field(default_factory=HttpSettings)
+    vnode: VnodeConfig = field(default_factory=VnodeConfig)
+    sync: dict[str, Any] = field(default_factory=dict)
+    log_level: str = "INFO"
+    log_file: str | None = None
+    flush_check_ms: int = 1000
+    stop_timeout_ms: int = 5000
+
+    @property
+    def me(self) -> NodeAddress:
+        return self.nodes[self.node_id]
+
+    @property
+    def http_listen(self) -> tuple[str, int]:
+        return self.http.listen or self.me.http
+
+    def vgroup_path(self, vgroup_id: int) -> str:
+        return os.path.join(self.data_dir, f"vg{vgroup_id}")
+
+    def sync_config(self, spec: VgroupSpec) -> SyncConfig:
+        replicas = tuple((n, self.nodes[n].replication_endpoint) for n in spec.replicas)
+        return SyncConfig(vgroup_id=spec.id, replicas=replicas,
+                          self_index=spec.replicas.index(self.node_id),
+                          data_path=self.vgroup_path(spec.id), secret=self.secret,
+                          quorum=spec.quorum, arbitrator=spec.arbitrator, **self.sync)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _type_ok(value: Any, want: type) -> bool:
+    if want is bool:
+        return type(value) is bool
+    if want is int:
+        return type(value) is int
+    if want is str:
+        return type(value) is str
+    return isinstance(value, want)
+
+
+def _get(table: dict, key: str, want: type, default: Any, where: str) -> Any:
+    if key not in table:
+        return default
+    v = table[key]
+    if not _type_ok(v, want):
+        raise ConfigError(f"{where}{key} must be {want.__name__}, got {v!r}")
+    return v
+
+
+def _positive(v: int, name: str) -> int:
+    if v <= 0:
+        raise ConfigError(f"{name} must be > 0, got {v}")
+    return v
+
+
+def _endpoint(text: Any, name: str) -> tuple[str, int]:
+    if type(text) is not str:
+        raise ConfigError(f"{name} must be a \"host:port\" string, got {text!r}")
+    try:
+        return parse_endpoint(text)
+    except ConfigError:
+        raise ConfigError(f"{name} {text!r} is not host:port") from None
+
+
+def _unknown(table: dict, known: set[str], where: str) -> None:
+    extra = sorted(set(table) - known)
+    if extra:
+        raise ConfigError(f"unknown setting {where}{extra[0]}")
+
+
+def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
+    """NodeConfig from a parsed TOML document; ConfigError (one line) if a setting is wrong."""
+    base_dir = os.path.dirname(os.path.abspath(path))
+    _unknown(doc, {"node_id", "data_dir", "secret", "secret_file", "log_level", "log_file",
+                   "flush_check_ms", "stop_timeout_ms", "http", "nodes", "vgroups", "vnode",
+                   "sync"}, "")
+    if "node_id" not in doc:
+        raise ConfigError("node_id is missing")
+    node_id = _get(doc, "node_id", int, None, "")
+    if "data_dir" not in doc:
+        raise ConfigError("data_dir is missing")
+    data_dir = _get(doc, "data_dir", str, None, "")
+    data_dir = os.path.join(base_dir, data_dir) if not os.path.isabs(data_dir) else data_dir
+    secret_text = _get(doc, "secret", str, None, "")
+    secret_file = _get(doc, "secret_file", str, None, "")
+    if secret_text and secret_file:
+        raise ConfigError("give secret or secret_file, not both")
+    if secret_file:
+        sf = secret_file if os.path.isabs(secret_file) else os.path.join(base_dir, secret_file)
+        try:
+            with open(sf, "rb") as fh:
+                secret = fh.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"secret_file {sf}: {exc.strerror}") from None
+    else:
+        secret = (secret_text or "").encode()
+    if not secret:
+        raise ConfigError("secret (or secret_file) is missing or empty: the cluster secret"
+                          " authenticates replication connections")
+    log_level = _get(doc, "log_level", str, "INFO", "").upper()
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"log_level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    log_file = _get(doc, "log_file", str, None, "") or None
+    flush_check_ms = _positive(_get(doc, "flush_check_ms", int, 1000, ""), "flush_check_ms")
+    stop_timeout_ms = _positive(_get(doc, "stop_timeout_ms", int, 5000, ""), "stop_timeout_ms")
+
+    # [[nodes]]
+    raw_nodes = doc.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise ConfigError("[[nodes]] is missing: list every node (id, replication, http)")
+    nodes: dict[int, NodeAddress] = {}
+    seen: set[tuple[str, int]] = set()
+    for i, n in enumerate(raw_nodes):
+        where = f"nodes[{i}]."
+        if not isinstance(n, dict):
+            raise ConfigError(f"nodes[{i}] must be a table")
+        _unknown(n, {"id", "replication", "http"}, where)
+        for key in ("id", "replication", "http"):
+            if key not in n:
+                raise ConfigError(f"{where}{key} is missing")
+        nid = _get(n, "id", int, None, where)
+        if nid <= 0 or nid > 2**31 - 1:
+            raise ConfigError(f"{where}id must be in 1..2^31-1, got {nid}")
+        if nid in nodes:
+            raise ConfigError(f"{where}id {nid} appears twice")
+        rep = _endpoint(n["replication"], f"{where}replication")
+        http = _endpoint(n["http"], f"{where}http")
+        for ep in (rep, http):
+            if ep in seen:
+                raise ConfigError(f"{where}: address {ep[0]}:{ep[1]} is used twice")
+            seen.add(ep)
+        nodes[nid] = NodeAddress(nid, rep, http)
+    if node_id not in nodes:
+        raise ConfigError(f"node_id {node_id} is not in [[nodes]]")
+
+    # [[vgroups]]
+    raw_vgroups = doc.get("vgroups")
+    if not isinstance(raw_vgroups, list) or not raw_vgroups:
+        raise ConfigError("[[vgroups]] is missing: list the vgroups this node hosts")
+    vgroups = []
+    for i, g in enumerate(raw_vgroups):
+        where = f"vgroups[{i}]."
+        if not isinstance(g, dict):
+            raise ConfigError(f"vgroups[{i}] must be a table")
+        _unknown(g, {"id", "replicas", "quorum", "arbitrator"}, where)
+        if "id" not in g or "replicas" not in g:
+            raise ConfigError(f"{where}{'id' if 'id' not in g else 'replicas'} is missing")
+        gid = _get(g, "id", int, None, where)
+        if not 0 <= gid <= 0xFFFFFFFF:
+            raise ConfigError(f"{where}id must be in 0..2^32-1, got {gid}")
+        if any(v.id == gid for v in vgroups):
+            raise ConfigError(f"{where}id {gid} appears twice")
+        reps = g["replicas"]
+        if not isinstance(reps, list) or not reps or any(type(r) is not int for r in reps):
+            raise ConfigError(f"{where}replicas must be a non-empty list of node ids")
+        if len(set(reps)) != len(reps):
+            raise ConfigError(f"{where}replicas lists a node twice")
+        for r in reps:
+            if r not in nodes:
+                raise ConfigError(f"{where}replicas: node {r} is not in [[nodes]]")
+        if node_id not in reps:
+            raise ConfigError(f"{where}replicas {reps} do not include this node ({node_id})")
+        quorum = _get(g, "quorum", int, 0, where)
+        if not 0 <= quorum <= len(reps):
+            raise ConfigError(f"{where}quorum {quorum} is not in 0..{len(reps)} (0: a majority)")
+        arb = _get(g, "arbitrator", str, None, where) or None
+        if arb is not None:
+            _endpoint(arb, f"{where}arbitrator")
+        vgroups.append(VgroupSpec(gid, tuple(reps), quorum, arb))
+
+    # [http]
+    h = doc.get("http", {})
+    if not isinstance(h, dict):
+        raise ConfigError("[http] must be a table")
+    hfields = {f.name: f for f in dataclasses.fields(HttpSettings)}
+    _unknown(h, set(hfields), "http.")
+    hvals: dict[str, Any] = {}
+    for name, f in hfields.items():
+        if name not in h:
+            continue
+        if name == "listen":
+            hvals[name] = _endpoint(h[name], "http.listen")
+        else:
+            hvals[name] = _positive(_get(h, name, int, f.default, "http."), f"http.{name}")
+    http = HttpSettings(**hvals)
+
+    # [vnode]
+    v = doc.get("vnode", {})
+    if not isinstance(v, dict):
+        raise ConfigError("[vnode] must be a table")
+    _unknown(v, set(VNODE_SETTINGS), "vnode.")
+    vvals: dict[str, Any] = {}
+    for name in v:
+        want = {"precision": str, "fsync": bool}.get(name, int)
+        vvals[name] = _get(v, name, want, None, "vnode.")
+    vcfg = VnodeConfig(**vvals)
+    reason = vnode_config_invalid(vcfg)
+    if reason:
+        raise ConfigError(f"vnode.{reason}")
+
+    # [sync]
+    s = doc.get("sync", {})
+    if not isinstance(s, dict):
+        raise ConfigError("[sync] must be a table")
+    _unknown(s, set(SYNC_TUNABLES), "sync.")
+    svals: dict[str, Any] = {}
+    for name in s:
+        want = bool if name == "app_ack_required" else int
+        svals[name] = _get(s, name, want, None, "sync.")
+    cfg = NodeConfig(path=path, node_id=node_id, data_dir=data_dir, secret=secret, nodes=nodes,
+                     vgroups=tuple(vgroups), http=http, vnode=vcfg, sync=svals,
+                     log_level=log_level, log_file=log_file, flush_check_ms=flush_check_ms,
+                     stop_timeout_ms=stop_timeout_ms)
+    for spec in cfg.vgroups:
+        reason = sync_config_invalid(cfg.sync_config(spec))
+        if reason:
+            raise ConfigError(f"vgroup {spec.id}: {reason}")
+    if vcfg.max_payload_bytes > cfg.sync_config(cfg.vgroups[0]).record_max_bytes:
+        raise ConfigError("vnode.max_payload_bytes is above sync.record_max_bytes")
+    return cfg
+
+
+def load_config(path: str) -> NodeConfig:
+    """Read and check node.toml; ConfigError "<path>: <reason>" on any problem."""
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_config(doc, path)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,261 @@
+"""Node processes on 127.0.0.1 for the demo, the integration tests and the benchmarks.
+
+Owns: free loopback ports, one node.toml and data directory per node under a base
+directory, starting `vrepl node` processes (each dies with its parent: PR_SET_PDEATHSIG),
+signalling (SIGKILL, SIGTERM), restarting, waiting for readiness and roles through the HTTP
+API, and `close()`, which kills every process it started whatever state it is in.
+Must not: bind or connect anywhere but loopback.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from vrepl.client import Client
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def render_toml(doc: dict[str, Any]) -> str:
+    """A small TOML writer for node.toml (scalars, [tables] and [[arrays of tables]])."""
+    out = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, (dict, list))
+           or (isinstance(v, list) and not (v and isinstance(v[0], dict)))]
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            out.append(f"\n[{k}]")
+            out += [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for item in v:
+                out.append(f"\n[[{k}]]")
+                out += [f"{kk} = {_toml_value(vv)}" for kk, vv in item.items()]
+    return "\n".join(out) + "\n"
+
+
+@dataclass
+class LocalNode:
+    id: int
+    http: str
+    replication: str
+    dir: str
+    config_path: str
+    proc: subprocess.Popen | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class LocalCluster:
+    """`n` node processes hosting one vgroup (ids 1..n) under `base_dir`."""
+
+    def __init__(self, base_dir: str, n: int = 3, *, vgroup: int = 1, quorum: int = 0,
+                 secret: str = "vrepl-local-secret", vnode: dict | None = None,
+                 sync: dict | None = None, http: dict | None = None,
+                 log_level: str = "INFO") -> None:
+        self.base_dir = os.path.abspath(base_dir)
+        self.vgroup = vgroup
+        ports = free_ports(2 * n)
+        self.nodes: dict[int, LocalNode] = {}
+        node_table = []
+        for i in range(n):
+            nid = i + 1
+            node_table.append({"id": nid, "replication": f"{LOOPBACK}:{ports[2 * i]}",
+                               "http": f"{LOOPBACK}:{ports[2 * i + 1]}"})
+        for entry in node_table:
+            nid = entry["id"]
+            d = os.path.join(self.base_dir, f"n{nid}")
+            os.makedirs(d, exist_ok=True)
+            doc: dict[str, Any] = {"node_id": nid, "data_dir": os.path.join(d, "data"),
+                                   "secret": secret, "log_level": log_level,
+                                   "log_file": os.path.join(d, "node.log")}
+            if http:
+                doc["http"] = dict(http)
+            if vnode:
+                doc["vnode"] = dict(vnode)
+            if sync:
+                doc["sync"] = dict(sync)
+            doc["nodes"] = node_table
+            doc["vgroups"] = [{"id": vgroup, "replicas": [e["id"] for e in node_table],
+                               "quorum": quorum}]
+            path = os.path.join(d, "node.toml")
+            with open(path, "w") as fh:
+                fh.write(render_toml(doc))
+            self.nodes[nid] = LocalNode(nid, entry["http"], entry["replication"], d, path)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [n.http for n in self.nodes.values()]
+
+    # -- processes ------------------------------------------------------------------------------
+    def start(self, node: int | None = None) -> None:
+        for n in [self.nodes[node]] if node is not None else list(self.nodes.values()):
+            if n.alive():
+                continue
+            stderr = open(os.path.join(n.dir, "stderr.log"), "ab")
+            n.proc = subprocess.Popen(
+                [sys.executable, "-m", "vrepl.cli", "node", "--config", n.config_path],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                preexec_fn=_die_with_parent, start_new_session=True)
+            stderr.close()
+
+    def kill(self, node: int, sig: int = signal.SIGKILL, wait_s: float = 15.0) -> int | None:
+        """Signal a node and wait for it to exit; its exit code."""
+        n = self.nodes[node]
+        if n.proc is None or n.proc.poll() is not None:
+            return n.proc.returncode if n.proc else None
+        n.proc.send_signal(sig)
+        try:
+            return n.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            return n.proc.wait(5)
+
+    def stop_all(self, sig: int = signal.SIGTERM) -> dict[int, int | None]:
+        procs = {nid: n.proc for nid, n in self.nodes.items() if n.alive()}
+        for p in procs.values():
+            p.send_signal(sig)
+        out = {}
+        for nid, p in procs.items():
+            try:
+                out[nid] = p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out[nid] = p.wait(5)
+        return out
+
+    def close(self) -> None:
+        for n in self.nodes.values():
+            if n.proc is not None and n.proc.poll() is None:
+                try:
+                    n.proc.kill()
+                    n.proc.wait(5)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- observing ------------------------------------------------------------------------------
+    def client(self, **kw: Any) -> Client:
+        return Client(self.endpoints, **kw)
+
+    def status(self, node: int, timeout_s: float = 2.0) -> dict | None:
+        """A node's /v1/status, or None if it does not answer."""
+        c = Client([self.nodes[node].http], request_timeout_s=timeout_s)
+        try:
+            return c.status(self.nodes[node].http)
+        except Exception:
+            return None
+        finally:
+            c.close()
+
+    def vgroup_status(self, node: int) -> dict | None:
+        st = self.status(node)
+        if st is None:
+            return None
+        return next((v for v in st["vgroups"] if v["vgroup"] == self.vgroup), None)
+
+    def roles(self) -> dict[int, str]:
+        out = {}
+        for nid, n in self.nodes.items():
+            vs = self.vgroup_status(nid) if n.alive() else None
+            out[nid] = vs["role"] if vs else ("dead" if not n.alive() else "down")
+        return out
+
+    def wait_for(self, what: str, cond: Callable[[], Any], timeout_s: float = 15.0,
+                 poll_s: float = 0.02) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = cond()
+            if got:
+                return got
+            for nid, n in self.nodes.items():
+                if n.proc is not None and n.proc.poll() not in (None, 0, -9, -15):
+                    raise RuntimeError(f"node {nid} exited with {n.proc.returncode}:"
+                                       f" {self.stderr_tail(nid)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not within {timeout_s} s: {what}; roles {self.roles()}")
+            time.sleep(poll_s)
+
+    def wait_ready(self, node: int | None = None, timeout_s: float = 20.0) -> None:
+        for nid in [node] if node is not None else list(self.nodes):
+            self.wait_for(f"node {nid} answers", lambda nid=nid: self.status(nid, 0.5) is not None,
+                          timeout_s)
+
+    def master(self) -> int | None:
+        roles = self.roles()
+        masters = [n for n, r in roles.items() if r == "master"]
+        return masters[0] if len(masters) == 1 else None
+
+    def wait_master(self, slaves: int = 0, timeout_s: float = 15.0,
+                    exclude: int | None = None) -> int:
+        def ok() -> int | None:
+            roles = self.roles()
+            masters = [n for n, r in roles.items() if r == "master" and n != exclude]
+            if len(masters) != 1 or sum(1 for r in roles.values() if r == "slave") < slaves:
+                return None
+            return masters[0]
+        return self.wait_for(f"one master with {slaves} slaves", ok, timeout_s)
+
+    def stderr_tail(self, node: int, lines: int = 3) -> str:
+        try:
+            with open(os.path.join(self.nodes[node].dir, "stderr.log")) as fh:
+                return " | ".join(fh.read().strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def replica_rows(self, node: int, table: str) -> list[dict]:
+        """All rows of a table on one replica (paged by ts)."""
+        c = Client([self.nodes[node].http])
+        try:
+            out: list[dict] = []
+            start = None
+            while True:
+                doc = c.read(self.vgroup, table, start=start, node=self.nodes[node].http)
+                out += doc["rows"]
+                if not doc["truncated"] or not doc["rows"]:
+                    return out
+                start = doc["rows"][-1]["ts"] + 1
+        finally:
+            c.close()

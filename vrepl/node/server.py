@@ -1,0 +1,212 @@
+"""The node process: `vrepl node --config node.toml` (docs/operations.md).
+
+Owns: the life of one node: crash recovery of every vgroup's vnode (manifest + WAL replay),
+one SyncInstance per vgroup (they share the process's replication server and I/O thread),
+the HTTP API on that same I/O thread (routes below, docs/client-api.md), the periodic flush
+check, and the graceful stop on SIGTERM/SIGINT (stop taking requests, let writes in flight
+finish, stop replication, flush every vnode, exit 0).
+Must not: print anything but its one "ready" line and its one-line errors; logs go to the
+configured log file (or stderr).
+
+Routes:
+    GET  /v1/status                                   node and vgroups
+    POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}]
+    GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import vrepl
+from vrepl.node.config import NodeConfig
+from vrepl.node.http import HttpServer, Request, Response, error
+from vrepl.node.vgroup import VgroupHost
+from vrepl.transport.loop import IoLoop
+from vrepl.vnode.rows import INT64_MAX, INT64_MIN, TABLE_NAME_RE, TABLE_NAME_RULE
+
+log = logging.getLogger("vrepl.node")
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.flush_executor = concurrent.futures.ThreadPoolExecutor(1, "vrepl-flush")
+        self.vgroups: dict[int, VgroupHost] = {
+            spec.id: VgroupHost(cfg, spec, self.flush_executor) for spec in cfg.vgroups}
+        self.io: IoLoop | None = None
+        self.http: HttpServer | None = None
+        self.started_at = time.time()
+        self._tick: asyncio.TimerHandle | None = None
+        self._stopped = False
+
+    # -- start (main thread) ----------------------------------------------------------------
+    def start(self) -> None:
+        """Recover every vnode, start replication, then serve HTTP. Raises on failure."""
+        os.makedirs(self.cfg.data_dir, exist_ok=True)
+        for vg in self.vgroups.values():
+            n = vg.open()
+            log.info("vg%d: recovered: archived v%d, replayed %d WAL records, now at v%d",
+                     vg.id, vg.vnode.archived_version, n, vg.vnode.get_version())  # type: ignore[union-attr]
+        self.io = IoLoop.shared()
+        try:
+            for vg in self.vgroups.values():
+                vg.start(self.io.loop)
+            h = self.cfg.http
+            self.http = HttpServer(self.handle, max_body_bytes=h.max_body_bytes,
+                                   max_header_bytes=h.max_header_bytes,
+                                   max_connections=h.max_connections,
+                                   idle_timeout_ms=h.idle_timeout_ms)
+            host, port = self.cfg.http_listen
+            self.io.run(self.http.start(host, port))
+            self.io.call(self._schedule_tick)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _schedule_tick(self) -> None:
+        assert self.io is not None
+        self._tick = self.io.loop.call_later(self.cfg.flush_check_ms / 1000, self._on_tick)
+
+    def _on_tick(self) -> None:
+        if self._stopped:
+            return
+        for vg in self.vgroups.values():
+            vg.tick()
+        self._schedule_tick()
+
+    # -- stop (main thread) -----------------------------------------------------------------
+    def stop(self) -> None:
+        """Graceful: stop accepting, wait (stop_timeout_ms) for writes in flight, stop
+        replication, flush and close every vnode. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        io = self.io
+        if io is not None and self.http is not None:
+            try:
+                io.call(self.http.close)
+                deadline = time.monotonic() + self.cfg.stop_timeout_ms / 1000
+                while time.monotonic() < deadline and any(
+                        io.call(lambda vg=vg: len(vg.pending)) for vg in self.vgroups.values()):
+                    time.sleep(0.01)
+            except Exception as exc:  # the loop is gone: nothing to wait for
+                log.warning("stopping: %s", exc)
+        if io is not None and self._tick is not None:
+            io.loop.call_soon_threadsafe(self._tick.cancel)
+        for vg in self.vgroups.values():
+            try:
+                vg.stop()
+            except Exception:
+                log.exception("vg%d: stop failed", vg.id)
+        self.flush_executor.shutdown(wait=True)
+        if io is not None:
+            io.release()
+            self.io = None
+
+    # -- HTTP routes (I/O thread) -------------------------------------------------------------
+    def handle(self, req: Request):
+        parts = req.path.strip("/").split("/")
+        if parts[:1] != ["v1"]:
+            return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
+        if parts == ["v1", "status"]:
+            if req.method != "GET":
+                return error(405, "bad_method", f"{req.method} {req.path}: use GET")
+            return Response(200, self.status())
+        if len(parts) == 4 and parts[1] == "vgroups":
+            vg = self._vgroup(parts[2])
+            if isinstance(vg, Response):
+                return vg
+            if parts[3] == "write":
+                if req.method != "POST":
+                    return error(405, "bad_method", f"{req.method} {req.path}: use POST")
+                rid = req.query.get("request_id") or req.headers.get("request-id")
+                return vg.write(req.body, rid)
+            if parts[3] == "rows":
+                if req.method != "GET":
+                    return error(405, "bad_method", f"{req.method} {req.path}: use GET")
+                return self._query(vg, req)
+        return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
+
+    def _vgroup(self, text: str) -> VgroupHost | Response:
+        if not text.isdigit() or len(text) > 10:
+            return error(404, "no_vgroup", f"vgroup {text[:20]!r} is not a vgroup id")
+        vg = self.vgroups.get(int(text))
+        if vg is None:
+            return error(404, "no_vgroup", f"no vgroup {int(text)} on node {self.cfg.node_id}"
+                         f" (it hosts {sorted(self.vgroups)})")
+        return vg
+
+    def _query(self, vg: VgroupHost, req: Request):
+        q = req.query
+        table = q.get("table")
+        if table is None:
+            return error(400, "bad_query", "table is missing")
+        if TABLE_NAME_RE.fullmatch(table) is None:
+            return error(400, "bad_query", f"table name {table[:80]!r} does not match"
+                         f" {TABLE_NAME_RULE} (no path characters)")
+        vals = {}
+        limit_max = self.cfg.http.max_query_rows
+        for name, default in (("start", INT64_MIN), ("end", INT64_MAX), ("limit", limit_max)):
+            text = q.get(name)
+            if text is None or text == "":
+                vals[name] = default
+                continue
+            try:
+                vals[name] = int(text)
+            except ValueError:
+                return error(400, "bad_query", f"{name} {text[:40]!r} is not an integer")
+            if not INT64_MIN <= vals[name] <= INT64_MAX:
+                return error(400, "bad_query", f"{name} {text[:40]!r} is outside int64")
+        if not 0 < vals["limit"] <= limit_max:
+            return error(400, "bad_query", f"limit must be in 1..{limit_max} (max_query_rows)")
+        return vg.query(table, vals["start"], vals["end"], vals["limit"])
+
+    def status(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "node": cfg.node_id, "version": vrepl.__version__ if hasattr(vrepl, "__version__") else "",
+            "pid": os.getpid(), "http": cfg.me.http_endpoint,
+            "replication": cfg.me.replication_endpoint,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "nodes": {str(n.id): {"http": n.http_endpoint, "replication": n.replication_endpoint}
+                      for n in cfg.nodes.values()},
+            "vgroups": [vg.status() for vg in self.vgroups.values()],
+        }
+
+
+def run_node(cfg: NodeConfig) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit code (0 after a graceful stop)."""
+    handlers: list[logging.Handler]
+    if cfg.log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
+        handlers = [logging.FileHandler(cfg.log_file)]
+    else:
+        handlers = [logging.StreamHandler(sys.stderr)]
+    logging.basicConfig(level=getattr(logging, cfg.log_level), handlers=handlers, force=True,
+                        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    node = Node(cfg)
+    node.start()
+    host, port = cfg.http_listen
+    print(json.dumps({"event": "ready", "node": cfg.node_id, "http": f"{host}:{port}",
+                      "replication": cfg.me.replication_endpoint, "pid": os.getpid(),
+                      "vgroups": sorted(node.vgroups)}), flush=True)
+    log.info("node %d ready: http %s:%d", cfg.node_id, host, port)
+    while not stop.wait(0.5):
+        pass
+    log.info("node %d stopping (signal)", cfg.node_id)
+    node.stop()
+    log.info("node %d stopped", cfg.node_id)
+    return 0
