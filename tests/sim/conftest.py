@@ -1,0 +1,8 @@
+"""Make `simhelp` (the helpers beside these tests) importable under any pytest import mode."""
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

@@ -1,0 +1,84 @@
+"""Core bugs the simulator found, each as the schedule that shows it (docs/simulation.md
+§Findings). xfail(strict=True): when vrepl/replica is fixed these pass, strict xfail turns
+that into a failure, and the marker (and the KNOWN_BUGS entry in test_seeds.py) must go.
+`python -m vrepl.testing.sim --assume-fixes` runs with the proposed fixes patched in.
+"""
+
+from __future__ import annotations
+
+import pytest
+from simhelp import calm, one_master, wait_for
+
+from vrepl.testing.sim import make_options, run_seed
+
+
+def elect(w, ticks=150):
+    assert wait_for(w, lambda: one_master(w) is not None, ticks)
+    return one_master(w)
+
+
+@pytest.mark.xfail(strict=True, reason="finding 1: a restarted master reuses its promised epoch after its WAL lost"
+                   " the records it wrote in it; a slave holding one of them now differs at the same (epoch, version)")
+def test_restarted_master_must_not_reuse_its_epoch():
+    for seed in range(1, 20):  # a cold start whose first master is not the last replica
+        w = calm(3, seed)
+        w.workload_on = False
+        m = elect(w)
+        if m.node < 2 and not m.wal:
+            break
+    epoch = m.replica.promised_epoch
+    y = 2  # the node that helps m again: a later index, so m stays the candidate on a tie
+    z = next(n for n in w.node_ids if n not in (m.node, y))
+    w.run_ticks(5)
+    w.cut(m.node, y)
+    w.stall_disk(m.node, 100)
+    (v,) = w.submit(m, 1)  # reaches z only; m never makes it durable
+    assert wait_for(w, lambda: len(w.nodes[z].wal) == v and w.nodes[z].durable == v, 20)
+    w.crash(m.node, torn=False)
+    assert not m.wal
+    w.heal()
+    w.partition((z,), (m.node, y))
+    w.restart(m.node)
+    m2 = elect(w)
+    assert m2.node == m.node
+    # The fix: a restarted master announces a new epoch. Today it is master of `epoch` again
+    # and its next write is a different record at (epoch, v1) than the one z holds.
+    assert m2.replica.promised_epoch > epoch
+    w.submit(m2, 1)
+    w.run_ticks(10)
+    w.run_liveness()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 2: a node whose TruncateWalAfter has not completed can win an"
+                   " election with the log end it is discarding; TruncateDone then rewinds a master's log")
+def test_node_truncating_its_wal_must_not_become_master():
+    w = calm(3, 2)
+    w.workload_on = False
+    m = elect(w)
+    x, y = [n for n in w.node_ids if n != m.node]
+    w.submit(m, 3)
+    assert wait_for(w, lambda: all(sn.durable == 3 for sn in w.nodes.values()) and not m.outstanding, 50)
+    w.cut(m.node, y)
+    w.stall_disk(m.node, 200)
+    w.submit(m, 7)  # reaches x only, never durable on m: unconfirmed
+    assert wait_for(w, lambda: len(w.nodes[x].wal) == 10, 20)
+    w.crash(m.node, torn=False)
+    w.heal()
+    w.partition((x,), (m.node, y))
+    w.restart(m.node)
+    new = elect(w)
+    w.stall_disk(x, 300)  # x's truncation will take a while
+    w.heal()
+    assert wait_for(w, lambda: w.nodes[x].truncating > 0, 100)
+    w.crash(new.node)  # x (still advertising v10) and the other node (v3) elect
+    w.run_ticks(100)
+    w.run_liveness()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 3: with EpochHistory.conservative (a WAL whose epoch history is"
+                   " not known at start-up) a follower truncates confirmed records, leaving fewer than quorum copies")
+def test_conservative_epoch_history_never_truncates_confirmed_records():
+    # With findings 1 and 2 patched (--assume-fixes) so that only this one shows.
+    opts = make_options("harsh", replicas=3, conservative_history_share=0.3)
+    bad = [r for r in (run_seed(s, opts, "harsh", fixes=True) for s in range(40)) if not r.ok]
+    assert not bad, "\n\n".join(r.report() for r in bad[:2])

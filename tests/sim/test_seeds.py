@@ -1,0 +1,56 @@
+"""The fixed CI seeds of the simulator (docs/simulation.md §CI): 200 seeds with 3 replicas,
+100 with 5, 100 with 2 replicas + arbitrator, 50 with quorum 1 (losses counted, not failed).
+
+A failing seed prints its repro command. Failures whose signature matches a core bug already
+reported (KNOWN_BUGS, each with an xfail(strict) scripted test in test_known_bugs.py) are
+xfailed here, so the sweep keeps guarding everything else until the core is fixed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from vrepl.testing.sim import make_options, run_seed
+
+KNOWN_BUGS = [
+    # test_known_bugs.py::test_restarted_master_must_not_reuse_its_epoch
+    (re.compile(r"two different records at e\d+v\d+: n(\d+) wrote .*, n\1 now appends"),
+     "restarted master reuses its epoch (docs/simulation.md finding 1)"),
+    # test_known_bugs.py::test_node_truncating_its_wal_must_not_become_master
+    (re.compile(r"became master of e\d+ while its WAL truncation"),
+     "a node with a pending TruncateWalAfter becomes master (docs/simulation.md finding 2)"),
+]
+
+
+def check(seed: int, **opts) -> None:
+    r = run_seed(seed, make_options(**opts))
+    if r.ok:
+        return
+    for pattern, why in KNOWN_BUGS:
+        if pattern.search(r.message):
+            pytest.xfail(f"known core bug: {why}; seed {seed}: {r.command}")
+    pytest.fail(r.report(), pytrace=False)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_three_replicas(seed):
+    check(seed, replicas=3)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_five_replicas(seed):
+    check(1000 + seed, replicas=5, safety_ticks=250)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_two_replicas_with_arbitrator(seed):
+    check(2000 + seed, replicas=2)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_quorum_one_is_live_and_one_master_per_epoch(seed):
+    # Asynchronous replication: confirmed writes may be lost (counted in stats.lost), but
+    # there is still one master per epoch, the logs still match and the group converges.
+    check(3000 + seed, replicas=3, quorum=1)

@@ -1,0 +1,1084 @@
+"""The simulated cluster: real `Replica` state machines over a simulated network, disks,
+apps, clocks and arbitrator, all driven by one seeded PRNG (docs/simulation.md).
+
+Owns: `World` — the event heap and simulated time, the per-connection FIFO channels, each
+node's WAL (a durable prefix and a volatile tail made durable by a simulated fsync), the
+promise file, the app (WriteToCache -> AppAcked after a delay), the client's view of every
+write (ConfirmForward), the arbitrator (vrepl.replica.lease.LeaseTable), fault injection
+and the two phases (safety under faults, then liveness after healing). Every replica action
+is executed in list order as a real transport must (vrepl/replica/actions.py ORDERING
+CONTRACT): PersistPromisedEpoch is durable before the Sends after it, storage jobs complete
+in the order issued (every WalPersisted of earlier appends before a TruncateDone).
+
+Faithful to the TCP transport the core is written for: messages of one connection arrive in
+order or not at all; loss breaks the connection (the rest of it is lost too); a partition
+holds messages back (TCP retransmits) until it heals or the connection is reset. Reordering
+comes from different connections (and the stream of StreamWalFrom, on a channel of its own)
+racing each other, from random latency and from clock drift.
+
+Must not: use the global `random`, wall-clock time, threads or sockets; everything random
+comes from `self.rng`, so a seed replays exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from vrepl.replica import (
+    AppAcked,
+    AppForward,
+    AppForwardBatch,
+    ArbitratorConnected,
+    ArbitratorGranted,
+    ArbitratorLost,
+    ArbitratorRefused,
+    Config,
+    ConfirmForward,
+    ConfirmStatus,
+    FlowControl,
+    Forward,
+    ForwardBatch,
+    InvariantViolation,
+    LeaseTable,
+    Log,
+    NotifyRole,
+    PeerConnected,
+    PeerDisconnected,
+    PersistBatch,
+    PersistPromisedEpoch,
+    PersistRecords,
+    Received,
+    Record,
+    Replica,
+    RequestArbitratorGrant,
+    ResetConnection,
+    Role,
+    Send,
+    StreamWalFrom,
+    TruncateDone,
+    TruncateWalAfter,
+    WalPersisted,
+    WriteToCache,
+    WriteToCacheBatch,
+)
+from vrepl.replica.history import EpochHistory
+from vrepl.replica.messages import NO_NODE
+from vrepl.testing.sim.checker import History, SafetyViolation
+from vrepl.testing.sim.options import UNITS_PER_TICK, SimOptions
+
+VGROUP = 7
+ARB = -1  # the arbitrator's "node id" in link keys
+
+
+class LivenessFailure(AssertionError):
+    """After every fault healed, the cluster did not elect a master and converge in time."""
+
+
+class SimError(AssertionError):
+    """The simulated environment saw something a real transport/WAL would refuse (a bug in
+    the replica's use of its actions, or in the simulator)."""
+
+
+def history_pairs(wal: list[Record]) -> tuple[tuple[int, int], ...]:
+    h = EpochHistory()
+    for rec in wal:
+        h.note_append(rec.epoch, rec.version)
+    return h.pairs()
+
+
+@dataclass(slots=True)
+class Channel:
+    """One FIFO stream of deliveries to one destination: (ready_time, item) in order."""
+
+    kind: str  # "peer", "stream", "local", "n2a", "a2n"
+    src: int
+    dst: int
+    gen: int
+    q: deque = field(default_factory=deque)
+    armed: bool = False
+    dead: bool = False
+
+
+@dataclass(slots=True)
+class Conn:
+    a: int
+    b: int
+    gen: int
+    alive: bool = True
+
+
+@dataclass
+class SimNode:
+    node: int
+    index: int
+    tick_period: int
+    replica: Replica | None = None
+    up: bool = True
+    paused: bool = False
+    inc: int = 0  # incarnation: bumped by every crash, voids its pending work
+    wal: list[Record] = field(default_factory=list)
+    durable: int = 0
+    promise: tuple[int, int] = (0, NO_NODE)
+    jobs: deque = field(default_factory=deque)  # storage jobs: ["sync", up_to] / ["trunc", v]
+    job_running: bool = False
+    fsync_slow_until: int = 0  # time (units) until which this disk is slow
+    disk_stalled_until: int = 0  # no storage job completes before this time (units)
+    app_q: deque = field(default_factory=deque)  # (ready_time, version)
+    app_last: int = 0
+    local: Channel | None = None
+    sock: dict[int, int | None] = field(default_factory=dict)  # peer -> connection gen this node holds
+    arb_sock: int | None = None
+    followups: deque = field(default_factory=deque)  # events stepped right after the current list
+    outstanding: dict[int, Record] = field(default_factory=dict)  # the client's writes in flight
+    crash_armed: bool = False  # crash at a random point of the next action list
+    crash_now: bool = False  # crash right after the action being executed
+    truncating: int = 0  # TruncateWalAfter issued, TruncateDone not yet stepped
+    tick_token: int = 0  # voids a timer left over from before a pause or restart
+    down_since: int = 0
+    paused_since: int = 0
+
+    def jobs_trunc_target(self) -> int:
+        return next((arg for kind, arg in self.jobs if kind == "trunc"), -1)
+
+    @property
+    def running(self) -> bool:
+        return self.up and not self.paused
+
+
+@dataclass
+class Stats:
+    writes_submitted: int = 0
+    confirmed_ok: int = 0
+    confirmed_failed: int = 0
+    confirmed_timed_out: int = 0
+    confirmed_not_master: int = 0
+    unknown: int = 0  # in flight when the master crashed: the client never heard
+    crashes: int = 0
+    restarts: int = 0
+    pauses: int = 0
+    partitions: int = 0
+    conn_losses: int = 0
+    truncations: int = 0
+    arbitrator_crashes: int = 0
+    elections: int = 0
+    max_epoch: int = 0
+    recovery_ticks: int = -1
+    lost: int = 0
+    events: int = 0
+
+
+class World:
+    """One simulated cluster. `run()` plays both phases; tests may instead script faults with
+    the public methods (crash, restart, pause, resume, partition, heal, ...) and run_ticks()."""
+
+    def __init__(self, seed: int, opts: SimOptions | None = None, *, record_trace: bool = True) -> None:
+        self.seed = seed
+        self.opts = opts = opts or SimOptions()
+        self.rng = random.Random(seed)
+        self.now = 0  # units
+        self._heap: list = []
+        self._seq = 0
+        self.node_ids = tuple(range(opts.replicas))
+        self.n = len(self.node_ids)
+        self.history = History(self.n, opts.quorum_effective, lossy=opts.lossy)
+        self.stats = Stats()
+        self.trace: deque[str] = deque(maxlen=opts.trace_len)
+        self._hash = hashlib.sha256()
+        self.record_trace = record_trace
+        self.faults_on = opts.faults
+        self.workload_on = True
+        self.blocked: set[tuple[int, int]] = set()  # (src, dst) directions that drop nothing but deliver nothing
+        self.link_slow: dict[tuple[int, int], int] = {}  # (src, dst) -> extra latency units
+        self.conns: dict[tuple[int, int], Conn] = {}
+        self._gen = 0
+        self.channels: dict[tuple, Channel] = {}
+        self._stalled: list[Channel] = []
+        self.payload_seq = 0
+        self.on_confirm: Callable[[int, Record], None] | None = None  # test hook
+        self.kill_on_confirm: set[int] = set()  # nodes crashed right after they confirm ok
+        self.role_log: list[tuple[int, int, int, Role, int]] = []  # (time, node, epoch, role, master)
+        # Arbitrator.
+        self.arb_used = opts.arbitrator_used
+        arb_lease_ticks = 20
+        # The arbitrator's lease must outlast the master's own count of arbitrator_lease_ticks
+        # on a slow clock (docs/design.md §5): +25 % covers the drift modelled here.
+        self.arb_lease_units = arb_lease_ticks * (UNITS_PER_TICK + opts.clock_drift_units) * 5 // 4 + UNITS_PER_TICK
+        self.arb_up = self.arb_used
+        self.arb_table = LeaseTable(self.arb_lease_units)
+        self.arb_refuse_until = 0
+        self.arb_conns: dict[int, Conn] = {}
+        self.arb_blocked_since: dict[int, int] = {}
+        self.nodes: dict[int, SimNode] = {}
+        for i, node in enumerate(self.node_ids):
+            drift = self.rng.randint(-opts.clock_drift_units, opts.clock_drift_units)
+            sn = SimNode(node, i, UNITS_PER_TICK + drift)
+            sn.sock = {p: None for p in self.node_ids if p != node}
+            self.nodes[node] = sn
+        self.phase = "safety"
+        self.heal_time = 0
+
+    # ================================================================== config and start
+
+    def config_for(self, sn: SimNode, conservative: bool = False) -> Config:
+        last = sn.wal[-1] if sn.wal else None
+        return Config(
+            vgroup_id=VGROUP,
+            replicas=self.node_ids,
+            self_index=sn.index,
+            quorum=self.opts.quorum,
+            last_version=last.version if last else 0,
+            last_epoch=last.epoch if last else 0,
+            epoch_history=None if conservative else history_pairs(sn.wal),
+            promised_epoch=sn.promise[0],
+            promised_master=sn.promise[1],
+            arbitrator=self.arb_used,
+            forward_timeout_ticks=20,
+            arbitrator_lease_ticks=20,
+        )
+
+    def start(self) -> None:
+        for sn in self.nodes.values():
+            self._boot(sn)
+        self._push(UNITS_PER_TICK, "world", None)
+
+    def _boot(self, sn: SimNode, conservative: bool = False) -> None:
+        sn.up, sn.paused = True, False
+        sn.replica = Replica(self.config_for(sn, conservative))
+        sn.durable = len(sn.wal)
+        sn.local = Channel("local", sn.node, sn.node, sn.inc)
+        sn.sock = {p: None for p in sn.sock}
+        sn.arb_sock = None
+        self._execute(sn, sn.replica.start())
+        self._arm_timer(sn)
+
+    def _arm_timer(self, sn: SimNode) -> None:
+        sn.tick_token += 1
+        self._push(self.now + sn.tick_period, "tick", (sn.node, sn.tick_token))
+
+    # ================================================================== event heap
+
+    def _push(self, time: int, kind: str, arg) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (time, self.rng.random(), self._seq, kind, arg))
+
+    def run_until(self, end_time: int) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= end_time:
+            time, _, _, kind, arg = heapq.heappop(heap)
+            self.now = time
+            if kind == "chan":
+                self._on_channel(arg)
+            elif kind == "tick":
+                self._on_node_tick(*arg)
+            elif kind == "world":
+                self._on_world_tick()
+            elif kind == "storage":
+                self._on_storage(*arg)
+            elif kind == "app":
+                self._on_app(*arg)
+        self.now = max(self.now, end_time)
+
+    def run_ticks(self, ticks: int) -> None:
+        self.run_until(self.now + ticks * UNITS_PER_TICK)
+
+    @property
+    def tick(self) -> int:
+        return self.now // UNITS_PER_TICK
+
+    # ================================================================== channels
+
+    def _enqueue(self, ch: Channel, item, delay: int) -> None:
+        if ch.dead:
+            return
+        ready = self.now + delay
+        if ch.q:
+            ready = max(ready, ch.q[-1][0])
+        ch.q.append((ready, item))
+        if not ch.armed and len(ch.q) == 1:
+            ch.armed = True
+            self._push(ready, "chan", ch)
+
+    def _blocked(self, ch: Channel) -> bool:
+        if ch.kind == "local":
+            return self.nodes[ch.dst].paused
+        if ch.kind in ("peer", "stream"):
+            return (ch.src, ch.dst) in self.blocked or self.nodes[ch.dst].paused
+        if ch.kind == "n2a":
+            return (ch.src, ARB) in self.blocked
+        return (ARB, ch.dst) in self.blocked or self.nodes[ch.dst].paused  # a2n
+
+    def _on_channel(self, ch: Channel) -> None:
+        ch.armed = False
+        if ch.dead or not ch.q:
+            return
+        if self._blocked(ch):
+            self._stalled.append(ch)
+            return
+        _, item = ch.q.popleft()
+        if ch.q:
+            ch.armed = True
+            self._push(max(self.now, ch.q[0][0]), "chan", ch)
+        kind = ch.kind
+        if kind == "local":
+            self._step(self.nodes[ch.dst], item)
+        elif kind in ("peer", "stream"):
+            self._on_peer_item(ch, item)
+        elif kind == "n2a":
+            self._on_arbitrator_request(ch, item)
+        else:
+            self._on_arbitrator_item(ch, item)
+
+    def _rearm_stalled(self) -> None:
+        stalled, self._stalled = self._stalled, []
+        for ch in stalled:
+            if not ch.dead and ch.q and not ch.armed:
+                ch.armed = True
+                self._push(max(self.now, ch.q[0][0]), "chan", ch)
+
+    def _latency(self, src: int, dst: int) -> int:
+        o = self.opts
+        d = self.rng.randint(o.latency_units_min, o.latency_units_max)
+        if o.slow_message_rate and self.rng.random() < o.slow_message_rate:
+            d += self.rng.randint(0, o.slow_latency_units_max)
+        return d + self.link_slow.get((src, dst), 0)
+
+    def _local(self, sn: SimNode, event, delay: int = 1) -> None:
+        if sn.local is not None:
+            self._enqueue(sn.local, event, delay)
+
+    # ================================================================== peer connections
+
+    def _pair(self, a: int, b: int) -> tuple[int, int]:
+        return (a, b) if a < b else (b, a)
+
+    def _chan(self, kind: str, src: int, dst: int, gen: int) -> Channel:
+        key = (kind, src, dst, gen)
+        ch = self.channels.get(key)
+        if ch is None:
+            ch = self.channels[key] = Channel(kind, src, dst, gen)
+        return ch
+
+    def _connect(self, a: int, b: int) -> None:
+        self._gen += 1
+        gen = self._gen
+        self.conns[self._pair(a, b)] = Conn(a, b, gen)
+        # The hello completes at each side when the other's first bytes arrive: a marker at
+        # the head of each direction, so PeerConnected precedes every message of the link.
+        self._enqueue(self._chan("peer", a, b, gen), ("connected",), self._latency(a, b))
+        self._enqueue(self._chan("peer", b, a, gen), ("connected",), self._latency(b, a))
+
+    def _break(self, a: int, b: int, *, notify: bool) -> None:
+        """The connection between a and b dies; what is in flight is lost. With `notify`,
+        each side whose socket is still open is told (a RST/FIN) when the path lets it."""
+        conn = self.conns.pop(self._pair(a, b), None)
+        if conn is None:
+            return
+        conn.alive = False
+        gen = conn.gen
+        for kind in ("peer", "stream"):
+            for s, d in ((a, b), (b, a)):
+                ch = self.channels.pop((kind, s, d, gen), None)
+                if ch is not None:
+                    ch.dead = True
+        if notify:
+            for s, d in ((a, b), (b, a)):
+                if self.nodes[d].sock.get(s) == gen:
+                    # A channel of its own (not registered): the close notice outlives the link.
+                    self._enqueue(Channel("peer", s, d, gen), ("closed",), self._latency(s, d))
+
+    def _reset_by(self, sn: SimNode, peer: int) -> None:
+        """`sn` closes its socket to `peer` (ResetConnection, heartbeat timeout)."""
+        gen = sn.sock.get(peer)
+        if gen is None:
+            return
+        sn.sock[peer] = None
+        conn = self.conns.get(self._pair(sn.node, peer))
+        if conn is not None and conn.gen == gen:
+            self._break(sn.node, peer, notify=True)
+        sn.followups.append(PeerDisconnected(peer))
+
+    def _on_peer_item(self, ch: Channel, item) -> None:
+        dst = self.nodes[ch.dst]
+        if not dst.up:
+            return
+        if isinstance(item, tuple):
+            what = item[0]
+            if what == "connected":
+                conn = self.conns.get(self._pair(ch.src, ch.dst))
+                if conn is None or conn.gen != ch.gen:
+                    return
+                if dst.sock[ch.src] is not None:
+                    # A new connection from a peer replaces a half-open one.
+                    dst.sock[ch.src] = None
+                    self._step(dst, PeerDisconnected(ch.src))
+                dst.sock[ch.src] = ch.gen
+                self._step(dst, PeerConnected(ch.src))
+            elif what == "closed":
+                if dst.sock[ch.src] == ch.gen:
+                    dst.sock[ch.src] = None
+                    self._step(dst, PeerDisconnected(ch.src))
+            return
+        if dst.sock[ch.src] != ch.gen:
+            return
+        self._step(dst, Received(ch.src, item))
+
+    def _send(self, sn: SimNode, peer: int, msg, kind: str = "peer") -> bool:
+        gen = sn.sock.get(peer)
+        if gen is None:
+            return False
+        conn = self.conns.get(self._pair(sn.node, peer))
+        if conn is None or conn.gen != gen:
+            return False
+        if self.faults_on and self.opts.conn_loss_rate and self.rng.random() < self.opts.conn_loss_rate:
+            self.stats.conn_losses += 1
+            # Lost on the wire: TCP gives up on the connection. Half the time both ends hear
+            # of it at once, else only their heartbeat timeouts find out.
+            self._break(sn.node, peer, notify=self.rng.random() < 0.5)
+            return False
+        self._enqueue(self._chan(kind, sn.node, peer, gen), msg, self._latency(sn.node, peer))
+        return True
+
+    # ================================================================== arbitrator
+
+    def _arb_connect(self, sn: SimNode) -> None:
+        self._gen += 1
+        self.arb_conns[sn.node] = Conn(sn.node, ARB, self._gen)
+        self._enqueue(self._chan("a2n", ARB, sn.node, self._gen), ("connected",), self._latency(ARB, sn.node))
+
+    def _arb_break(self, node: int, *, notify: bool = True) -> None:
+        conn = self.arb_conns.pop(node, None)
+        if conn is None:
+            return
+        conn.alive = False
+        for key in (("n2a", node, ARB, conn.gen), ("a2n", ARB, node, conn.gen)):
+            ch = self.channels.pop(key, None)
+            if ch is not None:
+                ch.dead = True
+        sn = self.nodes[node]
+        if notify and sn.arb_sock == conn.gen:
+            # A channel of its own (not registered): the close notice outlives the link.
+            self._enqueue(Channel("a2n", ARB, node, conn.gen), ("closed", conn.gen), self._latency(ARB, node))
+
+    def _on_arbitrator_item(self, ch: Channel, item) -> None:
+        sn = self.nodes[ch.dst]
+        if not sn.up:
+            return
+        what = item[0]
+        if what == "connected":
+            conn = self.arb_conns.get(sn.node)
+            if conn is None or conn.gen != ch.gen:
+                return
+            sn.arb_sock = ch.gen
+            self._step(sn, ArbitratorConnected())
+        elif what == "closed":
+            if sn.arb_sock == item[1]:
+                sn.arb_sock = None
+                self._step(sn, ArbitratorLost())
+        elif sn.arb_sock == ch.gen:  # ("answer", epoch, granted)
+            self._step(sn, ArbitratorGranted(item[1]) if item[2] else ArbitratorRefused(item[1]))
+
+    def _on_arbitrator_request(self, ch: Channel, item) -> None:
+        node, epoch = item
+        conn = self.arb_conns.get(node)
+        if not self.arb_up or conn is None or conn.gen != ch.gen:
+            return
+        if self.now < self.arb_refuse_until:
+            granted = False  # just restarted without its table: wait out any lease it gave
+        else:
+            granted = self.arb_table.request(VGROUP, node, epoch, self.now) is None
+        self._trace(f"arbitrator {'grants' if granted else 'refuses'} n{node} e{epoch}")
+        self._enqueue(self._chan("a2n", ARB, node, ch.gen), ("answer", epoch, granted), self._latency(ARB, node))
+
+    # ================================================================== stepping a replica
+
+    def _trace(self, text: str) -> None:
+        line = f"t{self.now // UNITS_PER_TICK}.{self.now % UNITS_PER_TICK} {text}"
+        if self.record_trace:
+            self.trace.append(line)
+        self._hash.update(line.encode())
+
+    def _step(self, sn: SimNode, event) -> None:
+        if not sn.up:
+            return
+        self.stats.events += 1
+        self._trace(f"n{sn.node} <- {event.describe()}")
+        if type(event) is TruncateDone:
+            sn.truncating -= 1
+        try:
+            actions = sn.replica.step(event)
+        except InvariantViolation as exc:
+            raise InvariantViolation(f"n{sn.node} on {event.describe()}: {exc}") from exc
+        self._execute(sn, actions)
+
+    def _on_node_tick(self, node: int, token: int) -> None:
+        sn = self.nodes[node]
+        if not sn.up or sn.tick_token != token or sn.paused:
+            return  # a paused process's timer is frozen (it catches up nothing on SIGCONT)
+        self._push(self.now + sn.tick_period, "tick", (node, token))
+        try:
+            actions = sn.replica.tick()
+        except InvariantViolation as exc:
+            raise InvariantViolation(f"n{sn.node} on tick: {exc}") from exc
+        self._execute(sn, actions)
+
+    def _execute(self, sn: SimNode, actions: list) -> None:
+        """Execute one action list in order, as the transport must (ORDERING CONTRACT)."""
+        cut = -1
+        if sn.crash_armed and actions:
+            # A crash in the middle of a list: the first `cut` actions ran, the rest never did.
+            sn.crash_armed = False
+            cut = self.rng.randrange(len(actions) + 1)
+        for k, a in enumerate(actions):
+            if k == cut:
+                self.crash(sn.node, mid_step=True)
+                return
+            t = type(a)
+            if t is Log:
+                continue
+            if t is Send:
+                self._send(sn, a.node, a.message)
+            elif t is PersistRecords:
+                self._append(sn, a.records)
+            elif t is PersistBatch:
+                self._append(sn, [Record(e, a.first_version + i, p)
+                                  for i, (e, p) in enumerate(zip(a.record_epochs, a.payloads))])
+            elif t is WriteToCache:
+                self._app(sn, a.record.version)
+            elif t is WriteToCacheBatch:
+                self._app(sn, a.first_version + len(a.payloads) - 1)
+            elif t is ConfirmForward:
+                self._on_confirm(sn, a)
+            elif t is PersistPromisedEpoch:
+                if a.epoch <= sn.promise[0]:
+                    raise SimError(f"n{sn.node} promise goes back: {sn.promise} -> e{a.epoch} n{a.master}")
+                sn.promise = (a.epoch, a.master)  # durable before anything after it (fsync'd file)
+            elif t is NotifyRole:
+                self._on_role(sn, a)
+            elif t is TruncateWalAfter:
+                self._truncate(sn, a.version)
+            elif t is StreamWalFrom:
+                self._stream(sn, a)
+            elif t is ResetConnection:
+                self._reset_by(sn, a.node)
+            elif t is RequestArbitratorGrant:
+                conn = self.arb_conns.get(sn.node)
+                if sn.arb_sock is not None and conn is not None and conn.gen == sn.arb_sock:
+                    self._enqueue(self._chan("n2a", sn.node, ARB, conn.gen), (sn.node, a.epoch),
+                                  self._latency(sn.node, ARB))
+            elif t is FlowControl:
+                pass
+            else:
+                raise SimError(f"unknown action {a!r}")
+            if not sn.up:
+                return
+            if sn.crash_now:
+                self.crash(sn.node, mid_step=True)
+                return
+        if cut == len(actions):
+            self.crash(sn.node, mid_step=True)
+            return
+        if sn.up:
+            self._check_node(sn)
+            while sn.followups and sn.up:
+                self._step(sn, sn.followups.popleft())
+
+    def _check_node(self, sn: SimNode) -> None:
+        r = sn.replica
+        if sn.truncating:
+            return  # the WAL was cut; the replica learns it from TruncateDone
+        if r.last_version != len(sn.wal) or (sn.wal and r.last_epoch != sn.wal[-1].epoch):
+            raise SimError(f"n{sn.node} replica log end e{r.last_epoch}v{r.last_version} but its WAL ends at"
+                           f" {sn.wal[-1].describe() if sn.wal else 'v0'}")
+
+    # ================================================================== storage (WAL) and app
+
+    def _append(self, sn: SimNode, records) -> None:
+        for rec in records:
+            if rec.version != len(sn.wal) + 1:
+                raise SimError(f"n{sn.node} WAL gap: appending {rec.describe()} after v{len(sn.wal)}")
+            if sn.wal and rec.epoch < sn.wal[-1].epoch:
+                raise SimError(f"n{sn.node} WAL epoch goes back: {rec.describe()} after {sn.wal[-1].describe()}")
+            sn.wal.append(rec)
+            self.history.on_append(sn.node, rec)
+        # Group commit: an fsync not yet started takes every append queued so far.
+        if sn.jobs and sn.jobs[-1][0] == "sync" and not (sn.job_running and len(sn.jobs) == 1):
+            sn.jobs[-1][1] = len(sn.wal)
+        else:
+            sn.jobs.append(["sync", len(sn.wal)])
+        self._start_job(sn)
+
+    def _truncate(self, sn: SimNode, version: int) -> None:
+        # The app drops what it would apply from the discarded records.
+        sn.app_q = deque((t, v) for t, v in sn.app_q if v <= version)
+        sn.truncating += 1
+        sn.jobs.append(["trunc", version])
+        self._start_job(sn)
+
+    def _start_job(self, sn: SimNode) -> None:
+        if sn.job_running or not sn.jobs:
+            return
+        sn.job_running = True
+        o = self.opts
+        d = self.rng.randint(o.fsync_units_min, o.fsync_units_max)
+        if self.now < sn.fsync_slow_until:
+            d += self.rng.randint(0, o.slow_disk_units_max)
+        self._push(max(self.now + d, sn.disk_stalled_until), "storage", (sn.node, sn.inc))
+
+    def _on_storage(self, node: int, inc: int) -> None:
+        sn = self.nodes[node]
+        if not sn.up or sn.inc != inc:
+            return
+        sn.job_running = False
+        kind, arg = sn.jobs.popleft()
+        if kind == "sync":
+            arg = min(arg, len(sn.wal))
+            if arg > sn.durable:
+                sn.durable = arg
+                self._local(sn, WalPersisted(arg))
+        else:
+            dropped = sn.wal[arg:]
+            del sn.wal[arg:]
+            sn.durable = min(sn.durable, arg)
+            self.stats.truncations += 1
+            if dropped:
+                self.history.on_truncate(node, arg, [x.wal[: x.durable] for x in self.nodes.values()], dropped)
+            self._local(sn, TruncateDone(sn.wal[-1].epoch if sn.wal else 0, arg))
+        self._start_job(sn)
+
+    def _app(self, sn: SimNode, version: int) -> None:
+        ready = max(sn.app_last, self.now + self.rng.randint(1, self.opts.app_units_max))
+        sn.app_last = ready
+        sn.app_q.append((ready, version))
+        self._push(ready, "app", (sn.node, sn.inc))
+
+    def _on_app(self, node: int, inc: int) -> None:
+        sn = self.nodes[node]
+        if not sn.up or sn.inc != inc or not sn.app_q or sn.app_q[0][0] > self.now:
+            return
+        if sn.paused:
+            self._push(self.now + UNITS_PER_TICK, "app", (node, inc))
+            return
+        _, version = sn.app_q.popleft()
+        self._local(sn, AppAcked(version), 0)
+
+    def _stream(self, sn: SimNode, a: StreamWalFrom) -> None:
+        """Read the records from this node's WAL (as written: the page cache is readable) and
+        send them on the stream channel of the connection, in chunks, in order."""
+        if a.last_version > len(sn.wal):
+            raise SimError(f"n{sn.node} asked to stream to v{a.last_version} but its WAL ends at v{len(sn.wal)}")
+        if sn.wal[a.first_version - 1].version != a.first_version:
+            raise SimError("WAL index out of step")
+        prev = a.prev_epoch
+        if a.first_version > 1 and sn.wal[a.first_version - 2].epoch != prev:
+            raise SimError(f"n{sn.node} stream prev_epoch e{prev} but record v{a.first_version - 1} is"
+                           f" {sn.wal[a.first_version - 2].describe()}")
+        v = a.first_version
+        while v <= a.last_version:
+            size = self.rng.randint(1, 8)
+            recs = sn.wal[v - 1 : min(a.last_version, v + size - 1)]
+            if len(recs) == 1 or self.rng.random() < 0.3:
+                msgs = []
+                for rec in recs:
+                    msgs.append(Forward(a.epoch, rec.version, prev, rec.epoch, rec.payload))
+                    prev = rec.epoch
+            else:
+                msgs = [ForwardBatch(a.epoch, v, prev, tuple(r.epoch for r in recs), tuple(r.payload for r in recs))]
+                prev = recs[-1].epoch
+            for m in msgs:
+                if not self._send(sn, a.node, m, kind="stream"):
+                    return
+            v += len(recs)
+
+    # ================================================================== client and roles
+
+    def _on_role(self, sn: SimNode, a: NotifyRole) -> None:
+        self.role_log.append((self.now, sn.node, a.epoch, a.role, a.master))
+        self._trace(f"n{sn.node} is {a.describe()}")
+        if a.role == Role.MASTER:
+            if sn.truncating:
+                # The WAL is cutting records this master counts as its log (it advertised
+                # them when it won); TruncateDone would then rewind a master's log end.
+                raise SafetyViolation(f"n{sn.node} became master of e{a.epoch} while its WAL truncation"
+                                      f" (TruncateWalAfter v{sn.jobs_trunc_target()}) is still pending")
+            self.stats.elections += 1
+            self.stats.max_epoch = max(self.stats.max_epoch, a.epoch)
+            self.history.on_master(sn.node, a.epoch, sn.wal)
+
+    def masters(self) -> list[SimNode]:
+        return [sn for sn in self.nodes.values() if sn.up and sn.replica.role == Role.MASTER]
+
+    def submit(self, sn: SimNode, count: int = 1, batch: bool = False) -> list[int]:
+        """The app on `sn` writes `count` new records (versions after its log end)."""
+        r = sn.replica
+        first = r.last_version + 1
+        epoch = r.promised_epoch
+        payloads = []
+        for i in range(count):
+            self.payload_seq += 1
+            payloads.append(b"s%d.w%d" % (self.seed, self.payload_seq))
+            sn.outstanding[first + i] = Record(epoch, first + i, payloads[-1])
+        self.stats.writes_submitted += count
+        if batch and count > 1 and AppForwardBatch is not None:
+            self._step(sn, AppForwardBatch(first, tuple(payloads)))
+        else:
+            for i, p in enumerate(payloads):
+                if not sn.up:
+                    break
+                self._step(sn, AppForward(first + i, p))
+        return list(range(first, first + count))
+
+    def _on_confirm(self, sn: SimNode, a: ConfirmForward) -> None:
+        st = a.status
+        for v in range(a.first_version, a.last_version + 1):
+            rec = sn.outstanding.pop(v, None)
+            if rec is None:
+                raise SimError(f"n{sn.node} {a.describe()}: v{v} has no write in flight")
+            if st == ConfirmStatus.OK:
+                self.stats.confirmed_ok += 1
+                have = sn.wal[v - 1] if v <= len(sn.wal) else None
+                if have != rec:
+                    raise SafetyViolation(f"n{sn.node} confirmed {rec.describe()} {rec.payload!r} ok but its WAL"
+                                          f" has {have.describe() if have else 'nothing'} there")
+                if sn.durable < v:
+                    raise SafetyViolation(f"n{sn.node} confirmed v{v} before its own WAL was durable there")
+                masters = [(m.node, m.replica.promised_epoch, m.wal) for m in self.masters()]
+                self.history.on_confirm_ok(sn.node, rec, masters)
+                if self.on_confirm is not None:
+                    self.on_confirm(sn.node, rec)
+            elif st == ConfirmStatus.FAILED:
+                self.stats.confirmed_failed += 1
+            elif st == ConfirmStatus.TIMED_OUT:
+                self.stats.confirmed_timed_out += 1
+            else:
+                self.stats.confirmed_not_master += 1
+        if st == ConfirmStatus.OK and sn.node in self.kill_on_confirm:
+            self.kill_on_confirm.discard(sn.node)
+            sn.crash_now = True  # the rest of this action list never runs
+
+    # ================================================================== faults (public: tests script them)
+
+    def crash(self, node: int, *, mid_step: bool = False, torn: bool | None = None) -> None:
+        """Kill the process: un-fsynced WAL records are lost, or (torn tail) part of them."""
+        sn = self.nodes[node]
+        if not sn.up:
+            return
+        self.stats.crashes += 1
+        self._trace(f"n{node} CRASH{' mid-step' if mid_step else ''}")
+        keep = sn.durable
+        volatile = len(sn.wal) - sn.durable
+        if torn is None:
+            torn = self.rng.random() < self.opts.torn_tail_share
+        if torn and volatile:
+            keep += self.rng.randint(0, volatile)  # the OS wrote some pages before the crash
+        del sn.wal[keep:]
+        sn.durable = len(sn.wal)
+        sn.up = False
+        sn.paused = False
+        sn.crash_armed = sn.crash_now = False
+        sn.truncating = 0
+        sn.inc += 1
+        sn.jobs.clear()
+        sn.job_running = False
+        sn.app_q.clear()
+        sn.followups.clear()
+        if sn.local is not None:
+            sn.local.dead = True
+        sn.local = None
+        self.stats.unknown += len(sn.outstanding)
+        sn.outstanding.clear()
+        sn.down_since = self.now
+        for peer in self.node_ids:
+            if peer != node:
+                sn.sock[peer] = None
+                self._break(node, peer, notify=True)  # the kernel resets its sockets
+        self._arb_break(node)
+        sn.arb_sock = None
+        sn.replica = None  # type: ignore[assignment]
+
+    def restart(self, node: int, *, conservative: bool | None = None) -> None:
+        sn = self.nodes[node]
+        if sn.up:
+            return
+        self.stats.restarts += 1
+        if conservative is None:
+            conservative = self.rng.random() < self.opts.conservative_history_share
+        self._trace(f"n{node} RESTART e{sn.wal[-1].epoch if sn.wal else 0}v{len(sn.wal)}"
+                    f" promise e{sn.promise[0]}@n{sn.promise[1]}{' conservative' if conservative else ''}")
+        sn.app_last = self.now
+        self._boot(sn, conservative)
+
+    def pause(self, node: int) -> None:
+        sn = self.nodes[node]
+        if sn.running:
+            self.stats.pauses += 1
+            self._trace(f"n{node} PAUSE")
+            sn.paused = True
+            sn.paused_since = self.now
+
+    def resume(self, node: int) -> None:
+        sn = self.nodes[node]
+        if sn.up and sn.paused:
+            self._trace(f"n{node} RESUME")
+            sn.paused = False
+            self._arm_timer(sn)
+            self._rearm_stalled()
+
+    def stall_disk(self, node: int, ticks: int) -> None:
+        """No fsync or truncation of `node` completes for `ticks` ticks (a hung disk)."""
+        self.nodes[node].disk_stalled_until = self.now + ticks * UNITS_PER_TICK
+        self._trace(f"n{node} DISK STALLED for {ticks} ticks")
+
+    def block(self, src: int, dst: int) -> None:
+        """Messages src -> dst are held back (a one-way partition); ARB names the arbitrator."""
+        self.blocked.add((src, dst))
+
+    def partition(self, *groups: tuple[int, ...]) -> None:
+        """Symmetric partition: no traffic between different groups (nodes not named are
+        in a group of their own)."""
+        where = {}
+        for g, members in enumerate(groups):
+            for x in members:
+                where[x] = g
+        for a in self.node_ids:
+            for b in self.node_ids:
+                if a != b and where.get(a, ("own", a)) != where.get(b, ("own", b)):
+                    self.blocked.add((a, b))
+        self._trace(f"PARTITION {groups}")
+
+    def cut(self, a: int, b: int) -> None:
+        self.blocked.add((a, b))
+        self.blocked.add((b, a))
+        self._trace(f"CUT n{a}-n{b}" if b != ARB else f"CUT n{a}-arbitrator")
+
+    def heal(self) -> None:
+        self.blocked.clear()
+        self.link_slow.clear()
+        self.arb_blocked_since.clear()
+        self._trace("HEAL network")
+        self._rearm_stalled()
+
+    def arbitrator_crash(self) -> None:
+        if not self.arb_up:
+            return
+        self.stats.arbitrator_crashes += 1
+        self._trace("arbitrator CRASH")
+        self.arb_up = False
+        for node in list(self.arb_conns):
+            self._arb_break(node)
+
+    def arbitrator_restart(self) -> None:
+        if self.arb_up or not self.arb_used:
+            return
+        self._trace("arbitrator RESTART")
+        self.arb_up = True
+        if self.opts.arbitrator_forgets:
+            self.arb_table = LeaseTable(self.arb_lease_units)
+            self.arb_refuse_until = self.now + self.arb_lease_units
+
+    # ================================================================== the world's tick
+
+    def _on_world_tick(self) -> None:
+        self._push(self.now + UNITS_PER_TICK, "world", None)
+        tick = self.tick
+        if self.faults_on:
+            self._inject_faults()
+        # The transport retries missing connections every reconnect_ticks (staggered per pair).
+        for a in self.node_ids:
+            for b in self.node_ids:
+                if a < b and (tick + a * 3 + b) % self.opts.reconnect_ticks == 0 and self._pair(a, b) not in self.conns:
+                    sa, sb = self.nodes[a], self.nodes[b]
+                    if sa.running and sb.running and (a, b) not in self.blocked and (b, a) not in self.blocked:
+                        self._connect(a, b)
+        if self.arb_used:
+            for node, sn in self.nodes.items():
+                blocked = (node, ARB) in self.blocked or (ARB, node) in self.blocked
+                if blocked and node in self.arb_conns:
+                    since = self.arb_blocked_since.setdefault(node, tick)
+                    if tick - since >= 20:  # the transport's keepalive gives up
+                        self.arb_blocked_since.pop(node, None)
+                        self._arb_break(node, notify=False)
+                        if sn.arb_sock is not None and sn.running:
+                            sn.arb_sock = None
+                            self._step(sn, ArbitratorLost())
+                elif not blocked:
+                    self.arb_blocked_since.pop(node, None)
+                if (self.arb_up and sn.running and node not in self.arb_conns and not blocked
+                        and (tick + node) % self.opts.reconnect_ticks == 0):
+                    if sn.arb_sock is not None:
+                        sn.arb_sock = None
+                        self._step(sn, ArbitratorLost())
+                    self._arb_connect(sn)
+        if self.workload_on:
+            for sn in self.masters():
+                if sn.running and self.rng.random() < self.opts.write_rate:
+                    count = self.rng.randint(1, 3)
+                    self.submit(sn, count, batch=self.rng.random() < self.opts.batch_rate)
+
+    def _inject_faults(self) -> None:
+        o, rng = self.opts, self.rng
+        nodes = list(self.nodes.values())
+        for sn in nodes:
+            if sn.up and not sn.crash_armed and rng.random() < o.crash_rate:
+                if rng.random() < o.crash_mid_step_share:
+                    sn.crash_armed = True
+                else:
+                    self.crash(sn.node)
+            elif not sn.up and rng.random() < o.restart_rate:
+                self.restart(sn.node)
+            elif sn.running and rng.random() < o.pause_rate:
+                self.pause(sn.node)
+            elif sn.paused and rng.random() < o.resume_rate:
+                self.resume(sn.node)
+            if sn.up and rng.random() < o.slow_disk_rate:
+                sn.fsync_slow_until = self.now + rng.randint(1, 100) * UNITS_PER_TICK
+        if rng.random() < o.partition_rate:
+            self._random_partition()
+        if self.blocked and rng.random() < o.heal_rate:
+            self.heal()
+        if rng.random() < o.link_slow_rate:
+            a, b = rng.sample(self.node_ids, 2)
+            self.link_slow[(a, b)] = rng.randint(10, 200)
+        if self.arb_used:
+            if self.arb_up and rng.random() < o.arbitrator_crash_rate:
+                self.arbitrator_crash()
+            elif not self.arb_up and rng.random() < o.arbitrator_restart_rate:
+                self.arbitrator_restart()
+            if rng.random() < o.arbitrator_link_cut_rate:
+                node = rng.choice(self.node_ids)
+                if rng.random() < 0.5:
+                    self.cut(node, ARB)
+                else:
+                    self.block(*rng.choice(((node, ARB), (ARB, node))))
+                    self._trace(f"ONE-WAY arbitrator link of n{node}")
+
+    def _random_partition(self) -> None:
+        rng, ids = self.rng, list(self.node_ids)
+        self.stats.partitions += 1
+        kind = rng.randrange(5)
+        if kind == 0:  # isolate one node (often the master)
+            masters = [m.node for m in self.masters()]
+            victim = rng.choice(masters) if masters and rng.random() < 0.7 else rng.choice(ids)
+            self.partition((victim,), tuple(x for x in ids if x != victim))
+        elif kind == 1:  # split in two halves
+            rng.shuffle(ids)
+            k = rng.randint(1, len(ids) - 1)
+            self.partition(tuple(ids[:k]), tuple(ids[k:]))
+        elif kind == 2:  # one-way link
+            a, b = rng.sample(ids, 2)
+            self.block(a, b)
+            self._trace(f"ONE-WAY n{a}->n{b} blocked")
+        elif kind == 3 and len(ids) >= 3:  # bridge: two sides that only one node hears both of
+            rng.shuffle(ids)
+            bridge, rest = ids[0], ids[1:]
+            k = rng.randint(1, len(rest) - 1)
+            left, right = rest[:k], rest[k:]
+            for a in left:
+                for b in right:
+                    self.blocked.add((a, b))
+                    self.blocked.add((b, a))
+            self._trace(f"BRIDGE n{bridge} between {left} and {right}")
+        else:  # one random symmetric link
+            a, b = rng.sample(ids, 2)
+            self.cut(a, b)
+        if self.arb_used and rng.random() < 0.3:
+            self.cut(rng.choice(ids), ARB)
+
+    # ================================================================== phases
+
+    def heal_all(self) -> None:
+        """Start of the liveness phase: every fault healed, every node running."""
+        self.faults_on = False
+        self.phase = "liveness"
+        self.heal()
+        for sn in self.nodes.values():
+            sn.fsync_slow_until = sn.disk_stalled_until = 0
+            sn.crash_armed = False
+            if not sn.up:
+                self.restart(sn.node)
+            elif sn.paused:
+                self.resume(sn.node)
+        if self.arb_used and not self.arb_up:
+            self.arbitrator_restart()
+        self.heal_time = self.now
+
+    def converged(self) -> SimNode | None:
+        """The master, once every node is up, follows it as a slave of its epoch, and every
+        WAL is durable and identical to the master's."""
+        masters = self.masters()
+        if len(masters) != 1:
+            return None
+        m = masters[0]
+        epoch = m.replica.promised_epoch
+        for sn in self.nodes.values():
+            if not sn.running or sn.jobs or sn.job_running:
+                return None
+            if sn is not m:
+                r = sn.replica
+                if r.role != Role.SLAVE or r.master != m.node or r.promised_epoch != epoch:
+                    return None
+            if sn.durable != len(sn.wal) or sn.wal != m.wal:
+                return None
+        return m
+
+    def run_liveness(self, budget_ticks: int | None = None) -> SimNode:
+        """Heal everything, then require one master, a confirmed probe write and identical
+        durable logs within the budget. Returns the master."""
+        budget = self.opts.liveness_ticks if budget_ticks is None else budget_ticks
+        self.heal_all()
+        self.workload_on = False
+        probe: dict[int, int] = {}  # master node -> probe version
+        probe_ok = False
+
+        def watch(node: int, rec: Record) -> None:
+            nonlocal probe_ok
+            if probe.get(node) == rec.version:
+                probe_ok = True
+
+        old_hook, self.on_confirm = self.on_confirm, watch
+        try:
+            end = self.now + budget * UNITS_PER_TICK
+            while self.now < end:
+                self.run_ticks(1)
+                masters = self.masters()
+                if len(masters) == 1 and not probe_ok:
+                    m = masters[0]
+                    if probe.get(m.node) not in m.outstanding:  # none yet, or it failed: write again
+                        probe[m.node] = self.submit(m)[0]
+                if probe_ok and self.converged() is not None:
+                    m = self.converged()
+                    self.stats.recovery_ticks = (self.now - self.heal_time) // UNITS_PER_TICK
+                    self.history.check_final(m.node, m.wal)
+                    for sn in self.nodes.values():
+                        if sn.wal != m.wal[: len(sn.wal)]:
+                            raise SafetyViolation(f"n{sn.node} log is not a prefix of master n{m.node}'s")
+                    self.stats.lost = len(self.history.lost)
+                    return m
+        finally:
+            self.on_confirm = old_hook
+        raise LivenessFailure(
+            f"no convergence {budget} ticks after healing (probe confirmed: {probe_ok}):\n  "
+            + "\n  ".join(self.describe_node(sn) for sn in self.nodes.values())
+        )
+
+    def run(self) -> Stats:
+        """The whole run: start, safety phase under faults, liveness phase."""
+        self.start()
+        self.run_ticks(self.opts.safety_ticks)
+        self.run_liveness()
+        return self.stats
+
+    # ================================================================== reporting
+
+    def describe_node(self, sn: SimNode) -> str:
+        state = "down" if not sn.up else ("paused " if sn.paused else "") + sn.replica.describe()
+        last = sn.wal[-1].describe() if sn.wal else "empty"
+        return (f"n{sn.node}: {state}; wal {len(sn.wal)} (durable {sn.durable}) last {last};"
+                f" promise e{sn.promise[0]}@n{sn.promise[1]}")
+
+    def trace_hash(self) -> str:
+        return self._hash.hexdigest()
