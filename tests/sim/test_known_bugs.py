@@ -1,6 +1,7 @@
 """Core bugs the simulator found, each as the schedule that shows it (docs/simulation.md
-§Findings). xfail(strict=True): when vrepl/replica is fixed these pass, strict xfail turns
-that into a failure, and the marker (and the KNOWN_BUGS entry in test_seeds.py) must go.
+§Findings). Fixed ones are plain regression tests; open ones are xfail(strict=True): when
+vrepl/replica is fixed they pass, strict xfail turns that into a failure, and the marker (and
+any KNOWN_BUGS entry in test_seeds.py) must go.
 `python -m vrepl.testing.sim --assume-fixes` runs with the proposed fixes patched in.
 """
 
@@ -17,9 +18,9 @@ def elect(w, ticks=150):
     return one_master(w)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a restarted master reuses its promised epoch after its WAL lost"
-                   " the records it wrote in it; a slave holding one of them now differs at the same (epoch, version)")
 def test_restarted_master_must_not_reuse_its_epoch():
+    """Finding 1 (fixed): a restarted master reused its promised epoch after its WAL lost the
+    records it wrote in it, so a slave holding one of them differed at the same (epoch, version)."""
     for seed in range(1, 20):  # a cold start whose first master is not the last replica
         w = calm(3, seed)
         w.workload_on = False
@@ -49,9 +50,9 @@ def test_restarted_master_must_not_reuse_its_epoch():
     w.run_liveness()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: a node whose TruncateWalAfter has not completed can win an"
-                   " election with the log end it is discarding; TruncateDone then rewinds a master's log")
 def test_node_truncating_its_wal_must_not_become_master():
+    """Finding 2 (fixed): a node whose TruncateWalAfter had not completed could win an election
+    with the log end it was discarding; TruncateDone then rewound a master's log."""
     w = calm(3, 2)
     w.workload_on = False
     m = elect(w)

@@ -187,6 +187,11 @@ class Replica:
         # Promise (persisted) and role.
         self.promised_epoch = config.promised_epoch
         self.promised_master = config.promised_master
+        # A promise to ITSELF read back from disk is never reused (docs/design.md §2.3): as
+        # master of that epoch this node may have written records that its WAL lost with an
+        # un-fsynced tail while a slave kept them, so its log cannot show that the epoch is
+        # in use. It must announce a new epoch (found by the simulator, seed 195).
+        self._own_promise_from_disk = config.promised_epoch > 0 and config.promised_master == self.node
         self.role = Role.UNSYNCED
         self.master: int = NO_NODE  # node id this replica follows (or itself as master)
 
@@ -421,6 +426,9 @@ class Replica:
 
     def _election_input(self) -> election.ElectionInput:
         views = tuple(self.view() if i == self.me else self.views[i] for i in range(self.n))
+        if self._own_promise_from_disk:
+            own = dataclasses.replace(views[self.me], promised_master=NO_NODE)
+            views = views[: self.me] + (own,) + views[self.me + 1 :]
         online = tuple(i == self.me or (self.connected[i] and self.heard[i]) for i in range(self.n))
         grant = self.grant_epoch if self.lease_until_tick > self.now_tick else 0
         return election.ElectionInput(
@@ -451,6 +459,13 @@ class Replica:
         """Carry out a decision; True when it changed state the next decision depends on."""
         V = election.Verdict
         following = self.role in (Role.SLAVE, Role.SYNCING)
+        if self.truncating_to is not None and d.verdict in (V.ANNOUNCE, V.BECOME_MASTER, V.REQUEST_GRANT):
+            # Its log end still counts the records it is discarding, and the TruncateDone to
+            # come would rewind a master's log: no candidacy until the cut is done
+            # (found by the simulator, seed 36 --profile harsh).
+            if following:
+                self._become_unsynced(f"no online master: {d.reason}")
+            return False
         if d.verdict is V.STAY_MASTER:
             return False
         if d.verdict is V.STEP_DOWN:
@@ -484,6 +499,7 @@ class Replica:
 
     def _promise(self, epoch: int, master: int) -> None:
         invariant(epoch > self.promised_epoch, "a promise only moves to a newer epoch")
+        self._own_promise_from_disk = False
         self.promised_epoch = epoch
         self.promised_master = master
         self._emit(PersistPromisedEpoch(epoch, master))
