@@ -39,13 +39,20 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _measure(cluster: LocalCluster, fn):
-    pids = [n.proc.pid for n in cluster.nodes.values() if n.proc is not None]
-    before = [_cpu_s(p) for p in pids]
+def _measure(cluster: LocalCluster, fn, per_node: dict | None = None):
+    """fn()'s result, the nodes' CPU seconds and this process's; per_node (if given) gets
+    each node's CPU seconds by role ("master", "slave2", ...)."""
+    master = cluster.master()
+    pids = {nid: n.proc.pid for nid, n in cluster.nodes.items() if n.proc is not None}
+    before = {nid: _cpu_s(p) for nid, p in pids.items()}
     t0 = os.times()
     res = fn()
     t1 = os.times()
-    nodes_cpu = sum(_cpu_s(p) for p in pids) - sum(before)
+    used = {nid: _cpu_s(p) - before[nid] for nid, p in pids.items()}
+    if per_node is not None:
+        per_node.update({("master" if nid == master else f"slave{nid}"): s
+                         for nid, s in used.items()})
+    nodes_cpu = sum(used.values())
     gen_cpu = (t1.user - t0.user) + (t1.system - t0.system)
     return res, nodes_cpu, gen_cpu
 
@@ -67,18 +74,23 @@ def main() -> int:
         cluster.wait_ready()
         cluster.wait_master(slaves=2)
         load = os.getloadavg()
+        per_node: dict = {}
         thr, nodes_cpu, gen_cpu = _measure(cluster, lambda: run_load(
-            cluster.endpoints, 1, args.clients, args.batch, args.row_bytes, args.duration, 1.0))
+            cluster.endpoints, 1, args.clients, args.batch, args.row_bytes, args.duration, 1.0),
+            per_node)
         # CPU per confirmed row (3 nodes + load generator; the warm-up second is included in
         # the CPU but not in the rows, so this slightly overstates the cost).
         rows_all = thr.rows * (args.duration + 1.0) / args.duration
         cpu_us_per_row = (nodes_cpu + gen_cpu) / max(1, rows_all) * 1e6
         bound = os.cpu_count() / (cpu_us_per_row / 1e6) if cpu_us_per_row else 0
+        split = {k: v / max(1, rows_all) * 1e6 for k, v in sorted(per_node.items())}
+        split["loadgen"] = gen_cpu / max(1, rows_all) * 1e6
         time.sleep(0.5)
         lat = run_load(cluster.endpoints, 1, 1, 1, args.row_bytes, args.latency_duration, 0.5)
         out = {"throughput": asdict(thr), "latency": asdict(lat), "cpus": os.cpu_count(),
                "cpu_s_nodes": nodes_cpu, "cpu_s_loadgen": gen_cpu,
-               "cpu_us_per_row": cpu_us_per_row, "cpu_bound_rows_per_s": bound,
+               "cpu_us_per_row": cpu_us_per_row, "cpu_us_per_row_by_process": split,
+               "cpu_bound_rows_per_s": bound,
                "loadavg_before": load, "dir": base}
         if args.json:
             print(json.dumps(out))
@@ -90,6 +102,8 @@ def main() -> int:
             print(f"  CPU: nodes {nodes_cpu:.1f} s + load generator {gen_cpu:.1f} s ="
                   f" {cpu_us_per_row:.1f} CPU-us per confirmed row: {os.cpu_count()} idle CPUs"
                   f" could confirm at most ~{bound:,.0f} rows/s")
+            print("  CPU-us per row by process: " + ", ".join(f"{k} {v:.2f}"
+                                                             for k, v in split.items()))
             print("latency:    " + lat.describe())
             print(f"  target p50 <= 1 ms: {'met' if lat.p50_ms <= 1.0 else 'NOT met'}")
         return 0

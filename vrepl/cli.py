@@ -221,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log library events to stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
+    # `vrepl validate` (the Spark job, docs/validation.md); pyspark itself is imported only
+    # when a validation runs.
+    from vrepl.spark import cli as spark_cli
+    spark_cli.add_parser(sub)
+
     w = sub.add_parser("wal", help="inspect, verify and repair a WAL directory")
     wsub = w.add_subparsers(dest="wal_command", metavar="WAL_COMMAND")
 
@@ -273,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--dir", help="base directory (default: a temporary one, removed after)")
     dm.add_argument("--keep", action="store_true", help="keep the directory")
     dm.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
+    dm.add_argument("--no-spark", action="store_true", help="skip the closing Spark validation")
     dm.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="load generator: concurrent clients against a vgroup")

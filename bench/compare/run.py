@@ -31,7 +31,7 @@ from bench.compare.drivers.base import LatencySpec, Skip, ThroughputSpec  # noqa
 from bench.compare.drivers.etcd_driver import EtcdDriver  # noqa: E402
 from bench.compare.drivers.pysyncobj_driver import PySyncObjDriver  # noqa: E402
 from bench.compare.drivers.redis_driver import RedisDriver  # noqa: E402
-from bench.compare.drivers.vrepl_driver import placeholders  # noqa: E402
+from bench.compare.drivers.vrepl_driver import vrepl_drivers  # noqa: E402
 from bench.compare.install import ensure_pip  # noqa: E402
 from bench.compare.procs import ProcessRegistry, install_exit_handlers  # noqa: E402
 
@@ -39,8 +39,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def all_drivers() -> list:
-    """Every system, vrepl first. Replace the placeholders here when the drivers exist."""
-    return [*placeholders(), RedisDriver(), PySyncObjDriver(), EtcdDriver()]
+    """Every system, vrepl first."""
+    return [*vrepl_drivers(), RedisDriver(), PySyncObjDriver(), EtcdDriver()]
 
 
 def machine_description() -> str:

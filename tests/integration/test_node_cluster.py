@@ -245,3 +245,33 @@ def test_flushes_during_writes_and_recovers_files_plus_wal_after_sigkill(make_cl
         vs = c.vgroup_status(n)
         assert vs["version"] >= last and vs["vnode"]["files"] > 0
         assert c.replica_rows(n, "t_flush") == expect
+
+
+def test_unconfirmed_write_times_out_as_unknown_then_a_retry_is_answered(make_cluster):
+    """The write path answers from _confirm or from its timer, without a task per write:
+    with both slaves stopped the write answers 504 (outcome unknown), a retry with the same
+    request id waits on the same record, and once the slaves resume it is confirmed once."""
+    c = make_cluster(http={"write_timeout_ms": 400})
+    m = c.master()
+    slaves = [n for n in c.nodes if n != m]
+    ep = c.nodes[m].http
+    body = json.dumps(rows("t_timeout", 1, 2)).encode()
+    path = f"/v1/vgroups/{VG}/write?request_id=rid-timeout"
+    with Client([ep]) as cl:
+        for s in slaves:
+            c.nodes[s].proc.send_signal(signal.SIGSTOP)
+        try:
+            code, doc = cl.request(ep, "POST", path, body)
+            assert code == 504 and doc["outcome"] == "unknown" and doc["code"] == "timeout"
+            version = doc["version"]
+            code, doc = cl.request(ep, "POST", path, body)     # the same id, still pending
+            assert code == 504 and doc["version"] == version
+        finally:
+            for s in slaves:
+                c.nodes[s].proc.send_signal(signal.SIGCONT)
+        res = cl.write(VG, body, request_id="rid-timeout")
+        assert res.duplicate and res.version == version
+        st = cl.status(ep)
+    vg = st["vgroups"][0]
+    assert vg["pending_writes"] == 0 and vg["confirmed_version"] >= version
+    assert len(c.replica_rows(m, "t_timeout")) == 2

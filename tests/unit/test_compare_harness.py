@@ -168,3 +168,44 @@ def test_smoke_redis_run_measures_and_leaves_nothing(tmp_path):
     assert mode["throughput"]["writes_per_s"] > 0 and mode["throughput"]["errors"] == 0
     assert res["leftover_processes"] == []
     assert not any(p.name.startswith("vrepl-compare-") for p in tmp_path.iterdir())
+
+
+def test_vrepl_drivers_are_plugged_in_first():
+    from bench.compare.run import all_drivers
+    names = [d.name for d in all_drivers()]
+    assert names[:2] == ["vrepl-client", "vrepl-lib"]
+    assert all(d.is_vrepl for d in all_drivers()[:2])
+
+
+def test_vrepl_client_rows_carry_the_key_as_table_and_ts():
+    import base64
+    from bench.compare.drivers.vrepl_driver import _fsync_setting, _row
+    from bench.compare.workload import make_key
+    b64 = base64.b64encode(b"\x00\xffvalue")
+    row = json.loads(_row(make_key(3, 12345), b64))
+    assert row == ["c03", 12345, {"v": b64.decode()}]
+    assert json.loads(_row(make_key(0, 0), b64))[1] == 0
+    assert _fsync_setting(True).per_write is True
+    assert "group commit" in _fsync_setting(True).description
+
+
+@pytest.mark.timeout(120)
+def test_smoke_vrepl_drivers_measure_and_leave_nothing(tmp_path):
+    out = tmp_path / "v.json"
+    shm_before = {p.name for p in Path("/dev/shm").glob("vrepl-compare-*")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "--systems", "vrepl-client,vrepl-lib",
+         "--modes", "nofsync", "--count", "30", "--warmup", "5", "--duration", "0.3",
+         "--warmup-s", "0.1", "--clients", "2", "--batch", "10", "--no-docs", "--no-install",
+         "--workdir", str(tmp_path), "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    for name in ("vrepl-client", "vrepl-lib"):
+        mode = res["systems"][name]["modes"]["nofsync"]
+        assert mode["latency"]["count"] == 30 and mode["latency"]["errors"] == 0, name
+        assert mode["throughput"]["writes_per_s"] > 0 and mode["throughput"]["errors"] == 0
+    assert res["leftover_processes"] == []
+    assert not any(p.name.startswith("vrepl-compare-") for p in tmp_path.iterdir())
+    shm_after = {p.name for p in Path("/dev/shm").glob("vrepl-compare-*")}
+    assert not shm_after - shm_before, "tmpfs data directories left behind"

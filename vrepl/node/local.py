@@ -84,14 +84,17 @@ class LocalNode:
 
 
 class LocalCluster:
-    """`n` node processes hosting one vgroup (ids 1..n) under `base_dir`."""
+    """`n` node processes (ids 1..n) under `base_dir`, hosting vgroup `vgroup` (and, with
+    vgroup_count k > 1, the vgroups vgroup..vgroup+k-1, each on every node)."""
 
-    def __init__(self, base_dir: str, n: int = 3, *, vgroup: int = 1, quorum: int = 0,
+    def __init__(self, base_dir: str, n: int = 3, *, vgroup: int = 1, vgroup_count: int = 1,
+                 quorum: int = 0,
                  secret: str = "vrepl-local-secret", vnode: dict | None = None,
                  sync: dict | None = None, http: dict | None = None,
                  log_level: str = "INFO") -> None:
         self.base_dir = os.path.abspath(base_dir)
         self.vgroup = vgroup
+        self.vgroup_ids = list(range(vgroup, vgroup + vgroup_count))
         ports = free_ports(2 * n)
         self.nodes: dict[int, LocalNode] = {}
         node_table = []
@@ -113,8 +116,8 @@ class LocalCluster:
             if sync:
                 doc["sync"] = dict(sync)
             doc["nodes"] = node_table
-            doc["vgroups"] = [{"id": vgroup, "replicas": [e["id"] for e in node_table],
-                               "quorum": quorum}]
+            doc["vgroups"] = [{"id": vg, "replicas": [e["id"] for e in node_table],
+                               "quorum": quorum} for vg in range(vgroup, vgroup + vgroup_count)]
             path = os.path.join(d, "node.toml")
             with open(path, "w") as fh:
                 fh.write(render_toml(doc))

@@ -18,7 +18,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from typing import Any
+from typing import Any, Awaitable
 
 from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.http import Response, error
@@ -39,6 +39,24 @@ def _expire(fut: asyncio.Future) -> None:
         fut.set_result(ConfirmStatus.TIMED_OUT)
 
 
+class _Pending:
+    """A forwarded write waiting for its outcome. `answer` is the HTTP response future of the
+    request that wrote it: _confirm (or the write timeout) sets it directly, so a write
+    costs no Task and no coroutine (docs/perf.md §HTTP). `status` exists only once a retry
+    with the same request id waits on the same record (_duplicate)."""
+
+    __slots__ = ("answer", "rows", "nbytes", "rid", "timer", "status")
+
+    def __init__(self, answer: asyncio.Future, rows: list, nbytes: int, rid: str | None,
+                 timer: asyncio.TimerHandle | None) -> None:
+        self.answer = answer
+        self.rows = rows            # checked by prepare_raw; applied once the outcome is known
+        self.nbytes = nbytes
+        self.rid = rid
+        self.timer = timer
+        self.status: asyncio.Future | None = None
+
+
 class VgroupHost:
     def __init__(self, node_cfg: NodeConfig, spec: VgroupSpec,
                  flush_executor: concurrent.futures.Executor) -> None:
@@ -56,8 +74,8 @@ class VgroupHost:
         self.master: int | None = None
         self.next_version = 0
         self.confirmed_through = 0       # highest version confirmed OK while master
-        # version -> (future, rows, payload bytes, request id): forwarded, outcome unknown.
-        self.pending: dict[int, tuple[asyncio.Future, list, int, str | None]] = {}
+        # version -> a forwarded write whose outcome is not known yet.
+        self.pending: dict[int, _Pending] = {}
         self.pending_rids: dict[str, int] = {}
         self.stopping = False
         self.flushing = False
@@ -153,20 +171,26 @@ class VgroupHost:
         if status == ConfirmStatus.OK:
             self.confirmed_through = max(self.confirmed_through, last)
         pending = self.pending
+        if not pending:
+            return
         for version in range(first, last + 1):
             entry = pending.pop(version, None)
             if entry is None:
                 continue
-            fut, rows, nbytes, rid = entry
+            rid = entry.rid
             if apply:
                 try:
-                    vnode.apply_prepared(version, self.epoch, rows, nbytes, rid)
+                    vnode.apply_prepared(version, self.epoch, entry.rows, entry.nbytes, rid)
                 except VnodeError as exc:   # closed while stopping
                     log.warning("vg%d: v%d not applied: %s", self.id, version, exc)
             if rid is not None:
                 self.pending_rids.pop(rid, None)
-            if not fut.done():
-                fut.set_result(status)
+            if entry.timer is not None:
+                entry.timer.cancel()
+            if not entry.answer.done():
+                entry.answer.set_result(self._answer(status, version, len(entry.rows), False))
+            if entry.status is not None and not entry.status.done():
+                entry.status.set_result(status)
         if apply:
             self._maybe_flush()
 
@@ -229,7 +253,9 @@ class VgroupHost:
                      f"vg{self.id}: this node (n{self.node_id}) is {self.role}; {where}",
                      master=self.master, master_http=self.master_http(), outcome="not_written")
 
-    async def write(self, body: bytes, request_id: str | None) -> Response:
+    def write(self, body: bytes, request_id: str | None) -> "Response | Awaitable[Response]":
+        """A client write: a Response at once (refused), else a future of the Response,
+        set when the record's outcome is known (_confirm) or the write timeout expires."""
         if self.role != "master" or self.stopping:
             return self._not_master()
         vnode, sync = self.vnode, self.sync
@@ -237,7 +263,7 @@ class VgroupHost:
         if request_id is not None:
             version = self.pending_rids.get(request_id) or vnode.request_version(request_id)
             if version is not None:
-                return await self._duplicate(request_id, version)
+                return self._duplicate(request_id, version)
         if len(self.pending) >= self.node_cfg.http.max_pending_writes:
             self.counters["writes_overloaded"] += 1
             return error(503, "overloaded", f"vg{self.id}: {len(self.pending)} writes wait for"
@@ -255,11 +281,27 @@ class VgroupHost:
         except NotRunningError as exc:
             return error(503, "not_running", str(exc), outcome="not_written")
         self.next_version = version + 1
-        fut = self.loop.create_future()
-        self.pending[version] = (fut, rows, len(payload), request_id)
+        loop = self.loop
+        answer = loop.create_future()
+        # A timer, not asyncio.wait_for (a task per write): on expiry the client is told the
+        # outcome is unknown; the record stays pending and _confirm still applies it.
+        timer = loop.call_later(self.node_cfg.http.write_timeout_ms / 1000, self._write_expired,
+                                version)
+        self.pending[version] = _Pending(answer, rows, len(payload), request_id, timer)
         if request_id is not None:
             self.pending_rids[request_id] = version
-        return await self._outcome(fut, version, len(rows), duplicate=False)
+        return answer
+
+    def _write_expired(self, version: int) -> None:
+        entry = self.pending.get(version)
+        if entry is None:
+            return
+        entry.timer = None
+        if not entry.answer.done():
+            entry.answer.set_result(self._answer(ConfirmStatus.TIMED_OUT, version,
+                                                 len(entry.rows), False))
+        if entry.status is not None:
+            _expire(entry.status)
 
     async def _outcome(self, fut: asyncio.Future, version: int, nrows: int,
                        duplicate: bool) -> Response:
@@ -271,6 +313,11 @@ class VgroupHost:
             status = await fut
         finally:
             timer.cancel()
+        return self._answer(status, version, nrows, duplicate)
+
+    def _answer(self, status: ConfirmStatus, version: int, nrows: int,
+                duplicate: bool) -> Response:
+        """The client's answer for a record whose outcome is `status`."""
         if status == ConfirmStatus.OK:
             self.counters["writes_ok"] += 1
             self.counters["rows_written"] += nrows
@@ -293,7 +340,9 @@ class VgroupHost:
         self.counters["writes_duplicate"] += 1
         entry = self.pending.get(version)
         if entry is not None:
-            return await self._outcome(entry[0], version, len(entry[1]), duplicate=True)
+            if entry.status is None:
+                entry.status = self.loop.create_future()  # type: ignore[union-attr]
+            return await self._outcome(entry.status, version, len(entry.rows), duplicate=True)
         # In the log: answer once a quorum holds it (a record inherited from an older epoch
         # was never confirmed on this master, so ask the replication state).
         deadline = time.monotonic() + self.node_cfg.http.write_timeout_ms / 1000

@@ -55,6 +55,21 @@ Schemas = Mapping[str, Mapping[str, str]]   # table -> column -> type name
 
 _DEFAULT_CONFIG = VnodeConfig()
 
+try:
+    from vrepl._core.rows import fast_check as _fast_check
+except ImportError:   # not built (a source checkout without the extension): Python only
+    _fast_check = None
+
+
+def loads_json(data: bytes | bytearray | memoryview) -> Any:
+    """The JSON value of UTF-8 bytes (UnicodeDecodeError, RecursionError or ValueError).
+
+    The standard module on purpose: orjson parses these bodies ~1.7x faster but turns an
+    integer beyond 64 bits into a float, which would let a bad ts or int column through as
+    a float instead of refusing it (docs/perf.md).
+    """
+    return json.loads(str(data, "utf-8"))
+
 
 def _short(x: Any, limit: int = 40) -> str:
     r = repr(x)
@@ -95,6 +110,26 @@ def check_rows(rows: Any, cfg: VnodeConfig | None = _DEFAULT_CONFIG,
                schemas: Schemas | None = None, table_count: int | None = None
                ) -> tuple[str | None, dict[str, dict[str, str]], int]:
     """Validate a batch: (reason or None, new columns per table, estimated bytes).
+
+    The Cython fast path (vrepl/_core/rows.pyx) decides good batches; a batch it does not
+    accept goes through check_rows_py, whose reason is the answer (one source of reasons).
+    """
+    if _fast_check is not None:
+        if cfg is None:
+            ok = _fast_check(rows, schemas, False, INT64_MIN, INT64_MAX, 0, 0, 0, 0, 0, None)
+        else:
+            ok = _fast_check(rows, schemas, True, cfg.ts_lo, cfg.ts_hi, cfg.max_rows_per_batch,
+                             cfg.max_row_bytes, cfg.max_batch_bytes, cfg.max_columns_per_table,
+                             cfg.max_tables, table_count)
+        if ok is not None:
+            return None, ok[0], ok[1]
+    return check_rows_py(rows, cfg, schemas, table_count)
+
+
+def check_rows_py(rows: Any, cfg: VnodeConfig | None = _DEFAULT_CONFIG,
+                  schemas: Schemas | None = None, table_count: int | None = None
+                  ) -> tuple[str | None, dict[str, dict[str, str]], int]:
+    """check_rows in plain Python: the reference, and the source of every refusal reason.
 
     With cfg None only the shape is checked (names, types, ts within int64), as for a
     payload read back from the WAL; with a config the limits apply too. `schemas` are the
@@ -280,7 +315,7 @@ def decode_checked(payload: bytes | memoryview, version: int | None = None,
         raise PayloadError(reason, version)
     try:
         start = body_offset(payload)
-        rows = json.loads(bytes(payload[start:]).decode("utf-8"))
+        rows = loads_json(memoryview(payload)[start:])
     except UnicodeDecodeError as exc:
         raise PayloadError(f"body is not UTF-8 ({exc.reason} at byte"
                            f" {exc.start + start})", version) from None

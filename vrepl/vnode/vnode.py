@@ -158,7 +158,7 @@ class Vnode:
         if request_id is not None and R.REQUEST_ID_RE.fullmatch(request_id) is None:
             return f"request_id {request_id[:70]!r} does not match {R.REQUEST_ID_RULE}", [], b""
         try:
-            rows = json.loads(body.decode("utf-8"))
+            rows = R.loads_json(body)
         except UnicodeDecodeError as exc:
             return f"body is not UTF-8 ({exc.reason} at byte {exc.start})", [], b""
         except RecursionError:

@@ -1,55 +1,270 @@
-"""Plug-in point for vrepl: the two drivers the issue asks for, not written yet.
+"""vrepl in the comparison: through the client API (`vrepl-client`) and at library level
+(`vrepl-lib`). Both run 3 replicas on 127.0.0.1 with quorum 2: a write is confirmed once the
+master and at least one slave hold it in their WAL (the slave acks after its WAL append is
+durable and the record applied).
 
-  vrepl-client  3 vrepl nodes (processes), quorum 2, writes through the client API
-                (vrepl.client) over TCP, one client process per writer: implement start/stop
-                and client_factory, returning a picklable factory of a Client whose
-                write_one/write_batch return once 2 of 3 replicas confirmed.
-  vrepl-lib     3 replicas at library level (the sync instance embedded as in
-                docs/embedding.md, forwards over real loopback TCP), writers in the master's
-                process: implement start/stop and override run_latency/run_throughput to run
-                workload.latency_loop / workload.run_client_threads there (see
-                pysyncobj_driver.py for the same pattern across processes).
+  vrepl-client  3 `vrepl node` processes (one vgroup), writers talk HTTP/1.1 to the master
+                through `vrepl.client.Client` (keep-alive, request ids, master following),
+                one client process per writer, as for Redis and etcd. A write is one row
+                [table, ts, {"v": base64(value)}] (the 16-byte key gives the table, "c03",
+                and the ts, its sequence number); a batch of N writes is one request of N
+                rows, i.e. ONE WAL record (like an etcd txn or a PySyncObj update).
+  vrepl-lib     3 processes each embedding a SyncInstance (bench/compare/vrepl_lib_node.py,
+                built on vrepl.testing.node_runner: a slave's app acks each record at once),
+                writers are threads in the master's process calling forward() (the library
+                API of docs/embedding.md). A write is one record (key + value bytes); a batch
+                of N writes is N records forwarded back to back, then waited for together
+                (N records in the log, like Redis's N SETs + WAIT).
 
-Both map the harness's fsync modes to vrepl's WAL policy: `fsync` -> fsync per write in
-workload (a) and one group-commit fsync per batch in (b), on master and slaves before the ack;
-`nofsync` -> WAL durability `none`. State it in fsync_setting().
-
-Until a real driver replaces a placeholder, prepare() returns a skip reason, so the tables
-show "not available yet" and every vrepl / peer ratio reads "n/a": no figure is invented.
-To plug a driver in, subclass Driver in a new module and list it in DRIVERS in run.py in
-place of the placeholder (keep the names "vrepl-client" and "vrepl-lib": the ratio columns
-use them).
+fsync modes (stated in fsync_setting): vrepl's WAL always commits in groups: one write() and
+ONE fdatasync per append call, covering every record the I/O thread collected since the
+previous one, on the master and on each slave before it acks. `fsync`: the WAL on the disk
+of the work directory, so workload (a) pays one fdatasync per write on master and slave, and
+(b) one per group of records. `nofsync`: the data directories on tmpfs (/dev/shm), where
+fdatasync returns without I/O; the WAL keeps its group commit (vrepl has no durability
+"none" at the node level), so the cost of the call itself remains.
 """
 from __future__ import annotations
 
+import base64
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
-from ..procs import ProcessRegistry
-from .base import Driver, Skip
+from ..procs import ProcessRegistry, free_ports
+from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
 
-NOT_AVAILABLE = "vrepl driver not available yet"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SHM = Path("/dev/shm")
 
 
-class VreplPlaceholder(Driver):
+def _data_base(workdir: Path, fsync: bool) -> Path:
+    """Where the nodes' data go: the work directory (disk) or a tmpfs directory whose name
+    carries the run's unique directory name, so the harness's leftover check finds it."""
+    if fsync or not SHM.is_dir():
+        return workdir
+    return SHM / f"{workdir.parent.name}-{workdir.name}"
+
+
+def _fsync_setting(fsync: bool) -> FsyncSetting:
+    if fsync:
+        return FsyncSetting("fsync", "WAL group commit on disk: one write + one fdatasync per "
+                            "append batch, on master and slave before the ack (one per write "
+                            "in (a))", True)
+    if not SHM.is_dir():
+        return FsyncSetting("nofsync", "no /dev/shm here: WAL on disk with group commit (same "
+                            "as fsync)", True)
+    return FsyncSetting("nofsync", "WAL (and data) on tmpfs /dev/shm: group commit kept, "
+                        "fdatasync is a no-op", False)
+
+
+# -- vrepl-client --------------------------------------------------------------------------------
+
+def _row(key: bytes, b64: bytes) -> bytes:
+    # key b"c03-000000012345": table "c03", ts 12345 (unique per client and write).
+    return b'["%s",%s,{"v":"%s"}]' % (key[:3], key[4:].lstrip(b"0") or b"0", b64)
+
+
+class VreplHttpClient:
+    """A bench Client over vrepl.client.Client: a write or a batch is one confirmed request."""
+
+    def __init__(self, endpoints: list[str], vgroup: int):
+        from vrepl.client import Client
+        self.client = Client(endpoints, timeout_s=10.0)
+        self.vgroup = vgroup
+        self._value: bytes | None = None
+        self._b64 = b""
+
+    def _enc(self, value: bytes) -> bytes:
+        if value is not self._value:
+            self._value, self._b64 = value, base64.b64encode(value)
+        return self._b64
+
+    def write_one(self, key: bytes, value: bytes) -> None:
+        self.client.write(self.vgroup, b"[" + _row(key, self._enc(value)) + b"]")
+
+    def write_batch(self, items: list[tuple[bytes, bytes]]) -> None:
+        enc = self._enc
+        self.client.write(self.vgroup, b"[" + b",".join([_row(k, enc(v)) for k, v in items])
+                          + b"]")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class VreplHttpClientFactory:
+    def __init__(self, endpoints: list[str], vgroup: int):
+        self.endpoints = endpoints
+        self.vgroup = vgroup
+
+    def __call__(self) -> VreplHttpClient:
+        return VreplHttpClient(self.endpoints, self.vgroup)
+
+
+class VreplClientDriver(Driver):
+    name = "vrepl-client"
     is_vrepl = True
+    client_mode = "one process per writer, HTTP/1.1 client API (vrepl.client)"
+    vgroup = 1
 
-    def __init__(self, name: str, what: str):
-        self.name = name
-        self.what = what
+    def __init__(self):
+        self.cluster = None
+        self.data_base: Path | None = None
 
     def prepare(self, allow_install: bool) -> str | None:
-        return f"{NOT_AVAILABLE} ({self.what}); see bench/compare/drivers/vrepl_driver.py"
+        try:
+            import vrepl.node.server  # noqa: F401
+        except ImportError as exc:
+            return f"vrepl is not importable here ({exc}): pip install -e ."
+        return None
 
-    def fsync_setting(self, fsync: bool) -> Skip:
-        return Skip(NOT_AVAILABLE)
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return f"vrepl {version('vrepl')}"
+        except PackageNotFoundError:
+            return "vrepl (source tree)"
+
+    def fsync_setting(self, fsync: bool) -> FsyncSetting:
+        return _fsync_setting(fsync)
 
     def start(self, workdir: Path, fsync: bool, procs: ProcessRegistry) -> None:
-        raise RuntimeError(NOT_AVAILABLE)
+        from vrepl.node.local import LocalCluster
+        self.data_base = _data_base(workdir, fsync)
+        self.data_base.mkdir(parents=True, exist_ok=True)
+        self.cluster = c = LocalCluster(str(self.data_base), 3, vgroup=self.vgroup, quorum=2,
+                                        log_level="WARNING")
+        for nid, node in c.nodes.items():
+            node.proc = procs.spawn(f"vrepl-n{nid}", [sys.executable, "-m", "vrepl.cli", "node",
+                                                      "--config", node.config_path],
+                                    cwd=REPO_ROOT)
+        c.wait_ready(timeout_s=30)
+        c.wait_master(slaves=2, timeout_s=30)
+        client = VreplHttpClient(c.endpoints, self.vgroup)
+        try:
+            client.write_one(b"c99-000000000001", b"ready")
+        finally:
+            client.close()
 
     def stop(self) -> None:
-        pass
+        self.cluster = None
+
+    def cleanup(self) -> None:
+        if self.data_base is not None and self.data_base.parent == SHM:
+            shutil.rmtree(self.data_base, ignore_errors=True)
+        self.data_base = None
+
+    def client_factory(self) -> VreplHttpClientFactory:
+        assert self.cluster is not None
+        return VreplHttpClientFactory(self.cluster.endpoints, self.vgroup)
 
 
-def placeholders() -> list[Driver]:
-    return [VreplPlaceholder("vrepl-client", "3 nodes, quorum 2, client API"),
-            VreplPlaceholder("vrepl-lib", "3 replicas, quorum 2, library level")]
+# -- vrepl-lib ------------------------------------------------------------------------------------
+
+class VreplLibDriver(Driver):
+    name = "vrepl-lib"
+    is_vrepl = True
+    client_mode = "threads in the master's process calling SyncInstance.forward()"
+
+    def __init__(self):
+        self.nodes: list[subprocess.Popen] = []
+        self.master: subprocess.Popen | None = None
+        self.data_base: Path | None = None
+
+    def prepare(self, allow_install: bool) -> str | None:
+        try:
+            import vrepl.sync  # noqa: F401
+        except ImportError as exc:
+            return f"vrepl is not importable here ({exc}): pip install -e ."
+        return None
+
+    def version(self) -> str:
+        return VreplClientDriver().version()
+
+    def fsync_setting(self, fsync: bool) -> FsyncSetting:
+        return _fsync_setting(fsync)
+
+    def start(self, workdir: Path, fsync: bool, procs: ProcessRegistry) -> None:
+        self.data_base = _data_base(workdir, fsync)
+        self.data_base.mkdir(parents=True, exist_ok=True)
+        ports = free_ports(3)
+        replicas = [[i + 1, f"127.0.0.1:{p}"] for i, p in enumerate(ports)]
+        for i in range(3):
+            d = self.data_base / f"lib{i + 1}"
+            d.mkdir()
+            conf = {"vgroup_id": 1, "replicas": replicas, "self_index": i,
+                    "data_path": str(d / "data"), "secret": "vrepl-compare", "quorum": 2,
+                    "log_file": str(d / "node.log"), "lifetime_s": 86400,
+                    "print_confirms": False, "options": {}}
+            path = workdir / f"vrepl-lib{i + 1}.json"
+            path.write_text(json.dumps(conf))
+            self.nodes.append(procs.spawn(
+                f"vrepl-lib{i + 1}", [sys.executable, "-m", "bench.compare.vrepl_lib_node",
+                                      str(path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT))
+        deadline = time.monotonic() + 30
+        while self.master is None:
+            states = []
+            for node in self.nodes:
+                if node.poll() is not None:
+                    raise RuntimeError(f"vrepl-lib node exited with {node.returncode}")
+                st = self._ask(node, {"cmd": "status"})
+                states.append(st)
+            masters = [n for n, st in zip(self.nodes, states) if st.get("role") == "master"]
+            slaves = sum(1 for st in states if st.get("role") == "slave")
+            if len(masters) == 1 and slaves == 2:
+                self.master = masters[0]
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no vrepl master with 2 slaves after 30 s: {states}")
+            time.sleep(0.2)
+        self._ask(self.master, {"cmd": "latency",
+                                "spec": asdict(LatencySpec(count=1, warmup=0, value_size=1))})
+
+    @staticmethod
+    def _ask(node: subprocess.Popen, msg: dict) -> dict:
+        node.stdin.write((json.dumps(msg) + "\n").encode())
+        node.stdin.flush()
+        line = node.stdout.readline()
+        if not line:
+            raise RuntimeError(f"vrepl-lib node exited (status {node.poll()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"vrepl-lib node: {reply['error']}")
+        return reply
+
+    def run_latency(self, spec: LatencySpec) -> dict:
+        return self._ask(self.master, {"cmd": "latency", "spec": asdict(spec)})
+
+    def run_throughput(self, spec: ThroughputSpec) -> dict:
+        return self._ask(self.master, {"cmd": "throughput", "spec": asdict(spec)})
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            try:
+                node.stdin.write(b'{"cmd": "quit"}\n')
+                node.stdin.close()
+            except OSError:
+                pass
+        for node in self.nodes:
+            try:
+                node.wait(5)
+            except subprocess.TimeoutExpired:
+                pass  # the harness kills the group
+            if node.stdout:
+                node.stdout.close()
+        self.nodes = []
+        self.master = None
+
+    def cleanup(self) -> None:
+        if self.data_base is not None and self.data_base.parent == SHM:
+            shutil.rmtree(self.data_base, ignore_errors=True)
+        self.data_base = None
+
+
+def vrepl_drivers() -> list[Driver]:
+    return [VreplClientDriver(), VreplLibDriver()]

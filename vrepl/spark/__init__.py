@@ -1,0 +1,17 @@
+"""The PySpark validation job: do the replicas of a vgroup hold the same data?
+
+Owns: `validate()` (validate.py) and its parts: driver-side reading and checks of replica
+directories (inputs.py, checks.py), the Spark comparison of rows and epochs (job.py), the
+quiet session (session.py), the report (report.py) and `vrepl validate` (cli.py).
+docs/validation.md. Must not: import pyspark at import time (vrepl works without the
+`spark` extra until a validation runs), or write into a replica directory.
+"""
+from vrepl.spark.model import Finding, InputError, ReplicaSpec, SparkJobError
+from vrepl.spark.report import CheckResult, Report
+# Bound after the submodule is imported, so `vrepl.spark.validate` is this function (the
+# module stays reachable as sys.modules["vrepl.spark.validate"]; spark-submit uses the
+# entry file vrepl/spark/submit.py).
+from vrepl.spark.validate import validate
+
+__all__ = ["CheckResult", "Finding", "InputError", "ReplicaSpec", "Report", "SparkJobError",
+           "validate"]
