@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     # when a validation runs.
     from vrepl.spark import cli as spark_cli
     spark_cli.add_parser(sub)
+    # `vrepl restore` and `vrepl replay` (docs/restore.md); each returns its exit code.
+    from vrepl.restore.cli import add_parsers as add_restore_parsers
+    add_restore_parsers(sub)
 
     w = sub.add_parser("wal", help="inspect, verify and repair a WAL directory")
     wsub = w.add_subparsers(dest="wal_command", metavar="WAL_COMMAND")

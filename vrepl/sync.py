@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -61,6 +62,7 @@ from vrepl.replica import (
     PersistBatch,
     PersistPromisedEpoch,
     PersistRecords,
+    PeerRestoring,
     Received,
     Replica,
     RequestArbitratorGrant,
@@ -78,6 +80,7 @@ from vrepl.replica import (
     WriteToCache,
     WriteToCacheBatch,
 )
+from vrepl.restore.config import RestoreConfig, restore_config_invalid
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.loop import IoLoop
@@ -113,8 +116,11 @@ class SyncCallbacks:
     payloads); confirm_forward(version, status) or confirm_forward_range(first, last, status);
     notify_role(role, epoch, master); notify_flow_control(level); notify_wal_truncated(version).
     The thread calling start(): get_version().
-    Kept for the restore flow (a later issue), not called yet: get_wal_info, get_file_info,
-    notify_file_synced.
+    Restore threads (docs/restore.md): get_file_info(index[, name]) (seed getFileInfo),
+    notify_file_synced(), get_version() after a files phase, file_magic(path) (the magic of a
+    staged file; default CRC-32C, 1 if 0, the reference vnode's rule), notify_restore(status,
+    reason) with status "ok" / "failed". get_wal_info is accepted; the instance owns the WAL
+    and lists it itself.
     """
 
     write_to_cache: Callable[[int, bytes], Any] | None = None
@@ -128,13 +134,20 @@ class SyncCallbacks:
     get_wal_info: Callable[..., Any] | None = None
     get_file_info: Callable[..., Any] | None = None
     notify_file_synced: Callable[..., Any] | None = None
+    file_magic: Callable[[str], int] | None = None
+    notify_restore: Callable[[str, str], Any] | None = None
 
 
 class SyncInstance:
     """Replication of one vgroup on this node. start(), then forward()/ack_forward(), stop()."""
 
-    def __init__(self, config: SyncConfig, callbacks: SyncCallbacks | None = None, **callback_kwargs: Any) -> None:
+    def __init__(self, config: SyncConfig, callbacks: SyncCallbacks | None = None, *,
+                 restore: RestoreConfig | None = None, **callback_kwargs: Any) -> None:
         reason = sync_config_invalid(config)
+        if reason:
+            raise ConfigError(f"vg{config.vgroup_id}: {reason}")
+        self.restore_cfg = restore or RestoreConfig()
+        reason = restore_config_invalid(self.restore_cfg)
         if reason:
             raise ConfigError(f"vg{config.vgroup_id}: {reason}")
         if callbacks is not None and callback_kwargs:
@@ -171,6 +184,18 @@ class SyncInstance:
         self._app_acked = 0
         self._app_acked_fed = 0
         self._ack_failures: list[int] = []
+        # Restore sessions (docs/restore.md), touched from restore threads under the lock.
+        self._sessions_lock = threading.Lock()
+        self._sender_sessions: dict[int, Any] = {}  # follower node -> SenderSession
+        self._backup_sessions: set[Any] = set()
+        self._receiver_session: Any = None
+        self.last_restore_error = ""
+        self.restore_counters: dict[str, int] = dict.fromkeys(
+            ("sender_sessions", "sender_ok", "sender_failed", "receiver_sessions", "receiver_ok", "receiver_failed",
+             "files_sent", "file_bytes_sent", "wal_records_sent", "files_received", "file_bytes_received",
+             "wal_records_received", "streamed_in_band"),
+            0,
+        )
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "forwards",
@@ -310,6 +335,23 @@ class SyncInstance:
 
         self._call(apply)
 
+    def recycle_wal(self, before_version: int) -> None:
+        """Delete sealed WAL files whose records are all below `before_version` (the app
+        archived them; docs/vnode.md §5). Queued to the WAL thread; a follower that needs
+        them later is restored from the archived files (docs/restore.md)."""
+        if self.store is not None and self._state == "running":
+            self.store.recycle(before_version)
+
+    def restore_status(self) -> dict[str, Any]:
+        """Restore sessions running on this node for this vgroup, counters, last error."""
+        with self._sessions_lock:
+            sending = sorted(self._sender_sessions)
+            backups = len(self._backup_sessions)
+            receiving = self._receiver_session.node if self._receiver_session is not None else None
+        limiter = self.nt.restore_limiter.snapshot() if self.nt is not None and self.nt.restore_limiter else {}
+        return {"sending_to": sending, "backups": backups, "receiving_from": receiving, "limiter": limiter,
+                "counters": dict(self.restore_counters), "last_error": self.last_restore_error}
+
     def stop(self) -> None:
         """Close connections, fail what is queued or unconfirmed, close the WAL."""
         if self._state not in ("running", "failed") or self.io is None:
@@ -317,6 +359,7 @@ class SyncInstance:
         io = self.io
         try:
             io.call(self._stop_in_loop, timeout_s=30)
+            self._join_sessions(5.0)
         finally:
             self._state = "stopped"
             if self.store is not None:
@@ -395,6 +438,7 @@ class SyncInstance:
         log.info("%s: stopped", self.log_prefix())
 
     def _shutdown_replication(self, reason: str) -> None:
+        self._cancel_sessions(reason)
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
@@ -748,7 +792,7 @@ class SyncInstance:
                 elif t is TruncateWalAfter:
                     self.store.truncate_after(action.version)  # type: ignore[union-attr]
                 elif t is StreamWalFrom:
-                    self._start_stream(action)
+                    self._on_stream_wal_from(action)
                 elif t is ResetConnection:
                     conn = self._conns.pop(action.node, None)
                     if conn is not None:
@@ -826,7 +870,106 @@ class SyncInstance:
         lease_ms = self.cfg.arbitrator_lease_ticks * self.cfg.tick_ms
         conn.send_frame(codec.encode(ArbitratorRequest(self.cfg.vgroup_id, self.node, epoch, lease_ms)))
 
-    # -- streaming the WAL to a follower (stand-in for the restore flow) -------------------------
+    # -- restore sessions (docs/restore.md) ----------------------------------------------------
+
+    def _on_stream_wal_from(self, action: StreamWalFrom) -> None:
+        """The core asks to bring a follower up to date: a small lag the WAL still holds is
+        streamed in-band (design §4.3); otherwise the restore flow runs over a sync
+        connection (seed 数据恢复流程): files if the WAL was recycled, then the WAL."""
+        if action.node not in self._conns:
+            return
+        rc = self.restore_cfg
+        assert self.store is not None
+        wal_first = self.store.first_version_or(action.last_version + 1)
+        lag = action.last_version - action.first_version + 1
+        if not rc.enabled or (wal_first <= action.first_version and lag < rc.min_lag_versions):
+            self.restore_counters["streamed_in_band"] += 1
+            self._start_stream(action)
+            return
+        from vrepl.restore.live import SenderSession
+
+        with self._sessions_lock:
+            old = self._sender_sessions.pop(action.node, None)
+        if old is not None:
+            old.cancel("the follower asked again (a new SyncRequest)")
+        self._step(PeerRestoring(action.node))
+        session = SenderSession(self, action.node, first_version=action.first_version)
+        with self._sessions_lock:
+            self._sender_sessions[action.node] = session
+        log.info("%s: restore of n%d from v%d (log end v%d, WAL from v%d)", self.log_prefix(), action.node,
+                 action.first_version, action.last_version, wal_first)
+        session.start()
+
+    def sync_hello_refusal(self, node: int) -> str | None:
+        """Why a sync connection (kind SYNC) from `node` is refused, or None."""
+        if self._state != "running":
+            return f"vg{self.cfg.vgroup_id} is {self._state}"
+        if node not in self._addr_by_node or node == self.node:
+            return f"sync connection from n{node}: not another replica of vg{self.cfg.vgroup_id}"
+        if not self.restore_cfg.enabled:
+            return f"vg{self.cfg.vgroup_id} takes no restore (restore disabled)"
+        return None
+
+    def backup_hello_refusal(self) -> str | None:
+        """Why a restore tool's connection (kind BACKUP) is refused, or None."""
+        if self._state != "running":
+            return f"vg{self.cfg.vgroup_id} is {self._state}"
+        if not self.restore_cfg.allow_backup:
+            return f"vg{self.cfg.vgroup_id} serves no backups (restore.allow_backup is off)"
+        return None
+
+    def on_sync_connection(self, sock: Any, hello: codec.Hello) -> None:
+        """A sync/backup connection finished its handshake on this node's server (I/O thread)."""
+        from vrepl.restore.live import ReceiverSession, SenderSession
+        from vrepl.restore.stream import SyncStream
+
+        rc = self.restore_cfg
+        stream = SyncStream(sock, io_timeout_s=rc.io_timeout_s)
+        if self._state != "running":
+            stream.close()
+            return
+        if hello.kind == ConnKind.BACKUP:
+            session = SenderSession(self, None, stream=stream)
+            with self._sessions_lock:
+                self._backup_sessions.add(session)
+            log.info("%s: backup requested by a restore tool at %s", self.log_prefix(), stream.peer)
+            session.start()
+            return
+        with self._sessions_lock:
+            old = self._receiver_session
+            session = ReceiverSession(self, hello.node, stream)
+            self._receiver_session = session
+        if old is not None:
+            old.cancel("replaced by a newer restore session")
+        log.info("%s: restore session from n%d (%s)", self.log_prefix(), hello.node, stream.peer)
+        session.start()
+
+    def _session_ended(self, session: Any) -> None:
+        with self._sessions_lock:
+            if self._sender_sessions.get(getattr(session, "node", None)) is session:
+                del self._sender_sessions[session.node]
+            self._backup_sessions.discard(session)
+            if self._receiver_session is session:
+                self._receiver_session = None
+
+    def _cancel_sessions(self, reason: str) -> None:
+        with self._sessions_lock:
+            sessions = list(self._sender_sessions.values()) + list(self._backup_sessions)
+            if self._receiver_session is not None:
+                sessions.append(self._receiver_session)
+        for s in sessions:
+            s.cancel(reason)
+
+    def _join_sessions(self, timeout_s: float) -> None:
+        with self._sessions_lock:
+            sessions = list(self._sender_sessions.values()) + list(self._backup_sessions)
+            if self._receiver_session is not None:
+                sessions.append(self._receiver_session)
+        deadline = time.monotonic() + timeout_s
+        for s in sessions:
+            s.done.wait(max(0.0, deadline - time.monotonic()))
+
+    # -- streaming the WAL to a follower (small lags; design §4.3) -------------------------------
 
     def _start_stream(self, action: StreamWalFrom) -> None:
         conn = self._conns.get(action.node)
@@ -956,4 +1099,5 @@ class SyncInstance:
                 "group_commits": self.store.fsyncs,
             },
             "arbitrator_connected": self._arb_conn is not None,
+            "restore": dict(self.restore_counters),
         }

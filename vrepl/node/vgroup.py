@@ -15,6 +15,7 @@ Must not: write the WAL (the sync instance owns it) or block the I/O thread on d
 from __future__ import annotations
 
 import asyncio
+import os
 import concurrent.futures
 import logging
 import time
@@ -23,6 +24,7 @@ from typing import Any, Awaitable
 from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.http import Response, error
 from vrepl.replica import AckStatus, ConfirmStatus
+from vrepl.restore import recover_interrupted_swap
 from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance
 from vrepl.vnode import Vnode
 from vrepl.vnode.errors import VnodeError
@@ -90,6 +92,11 @@ class VgroupHost:
     # -- start / stop (main thread) -----------------------------------------------------------
     def open(self) -> int:
         """Load the manifest and replay the WAL into the memtable (crash recovery)."""
+        # A restore's file swap that a crash interrupted is finished (or abandoned) before
+        # the vnode reads its files (docs/restore.md).
+        done = recover_interrupted_swap(self.path) if os.path.isdir(self.path) else None
+        if done:
+            log.warning("vg%d n%d: restore swap after a crash: %s", self.id, self.node_id, done)
         self.vnode = Vnode(self.path, self.node_cfg.vnode)
         self.recovered_records = self.vnode.recover()
         return self.recovered_records
@@ -208,7 +215,8 @@ class VgroupHost:
 
     # -- flush ------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
-        if self.flushing or self.stopping or self.vnode is None:
+        # No flush while a restore replaces the files under the vnode (role syncing).
+        if self.flushing or self.stopping or self.vnode is None or self.role == "syncing":
             return
         reason = self.vnode.flush_due()
         if reason is None:

@@ -161,6 +161,91 @@ class RestoreFinished:
         return f"restore_finished e{self.last_epoch}v{self.last_version}"
 
 
+@dataclass(frozen=True, slots=True)
+class PeerRestoring:
+    """Master: the transport runs the restore flow for `node` over a sync connection
+    (docs/restore.md): no live forwards go to it until PeerRestoreCaughtUp."""
+
+    node: int
+
+    def describe(self) -> str:
+        return f"peer_restoring n{self.node}"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRestoreCaughtUp:
+    """Master: the restore's WAL stream to `node` is nearly drained; live forwards start now
+    (seed SYNC_CACHE). The stream covers every version up to the master's log end at this
+    event; forwards of later versions go over the peer connection."""
+
+    node: int
+
+    def describe(self) -> str:
+        return f"peer_restore_caught_up n{self.node}"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRestoreFailed:
+    """Master: the restore session to `node` failed; its peer connection is reset so it
+    starts over from a fresh SyncRequest."""
+
+    node: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"peer_restore_failed n{self.node} ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreBegun:
+    """Follower: the master `node` of `epoch` opened a restore session to this node. While
+    it runs the follower stays syncing even when its log reaches the sync target."""
+
+    node: int
+    epoch: int
+
+    def describe(self) -> str:
+        return f"restore_begun n{self.node} e{self.epoch}"
+
+
+@dataclass(frozen=True, slots=True)
+class LogRebased:
+    """Follower: the restore's files phase installed archived files holding every version up
+    to `last_version` (written in `last_epoch`), beyond this node's log end; the WAL was
+    reset to start after it. `epoch_history` is the master's, up to last_version."""
+
+    last_epoch: int
+    last_version: int
+    epoch_history: tuple[tuple[int, int], ...] = ()
+
+    def describe(self) -> str:
+        return f"log_rebased e{self.last_epoch}v{self.last_version}"
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredRecords:
+    """Follower: whole records from the restore's WAL stream (the master's WAL, in order),
+    handled like a forward batch of the master `node`."""
+
+    node: int
+    batch: PeerMessage
+
+    def describe(self) -> str:
+        return f"restored_records n{self.node} {self.batch.describe()}"
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreEnded:
+    """Follower: the restore session ended; `ok` False resyncs with `reason`."""
+
+    node: int
+    ok: bool
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"restore_ended n{self.node} {'ok' if self.ok else 'failed: ' + self.reason}"
+
+
 Event = (
     PeerConnected
     | PeerDisconnected
@@ -176,4 +261,11 @@ Event = (
     | ArbitratorRefused
     | TruncateDone
     | RestoreFinished
+    | PeerRestoring
+    | PeerRestoreCaughtUp
+    | PeerRestoreFailed
+    | RestoreBegun
+    | LogRebased
+    | RestoredRecords
+    | RestoreEnded
 )

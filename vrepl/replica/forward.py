@@ -162,6 +162,7 @@ class SyncCache:
 class PeerState(enum.IntEnum):
     PROBING = 0  # waiting for the follower's SyncRequest, or for its truncation
     REPLICATING = 1  # log matched: gets every new forward (and a stream of what it lacks)
+    RESTORING = 2  # log matched, being restored over a sync connection: no live forwards yet
 
 
 class PeerProgress:

@@ -46,9 +46,16 @@ from vrepl.replica.events import (
     ArbitratorLost,
     ArbitratorRefused,
     Event,
+    LogRebased,
     PeerConnected,
     PeerDisconnected,
+    PeerRestoreCaughtUp,
+    PeerRestoreFailed,
+    PeerRestoring,
     Received,
+    RestoreBegun,
+    RestoredRecords,
+    RestoreEnded,
     RestoreFinished,
     TruncateDone,
     WalPersisted,
@@ -232,6 +239,7 @@ class Replica:
         self.sync_target_version = 0
         self.acked_sent_version = 0
         self.truncating_to: int | None = None
+        self.restoring = False  # a restore session from the master runs (docs/restore.md)
         self.cache = SyncCache(config.sync_cache_max_records, config.sync_cache_max_bytes)
 
         self._status_dirty = False
@@ -255,6 +263,10 @@ class Replica:
                 "role_changes",
                 "elections_won",
                 "minority_resets",
+                "restores_begun",
+                "restores_ended_ok",
+                "restores_failed",
+                "log_rebases",
             ),
             0,
         )
@@ -273,6 +285,13 @@ class Replica:
             ArbitratorRefused: self.on_arbitrator_refused,
             TruncateDone: self.on_truncate_done,
             RestoreFinished: self.on_restore_finished,
+            PeerRestoring: self.on_peer_restoring,
+            PeerRestoreCaughtUp: self.on_peer_restore_caught_up,
+            PeerRestoreFailed: self.on_peer_restore_failed,
+            RestoreBegun: self.on_restore_begun,
+            LogRebased: self.on_log_rebased,
+            RestoredRecords: self.on_restored_records,
+            RestoreEnded: self.on_restore_ended,
         }
         self._message_handlers: dict[type, Callable[[int, object], None]] = {
             Status: self.on_status,
@@ -553,6 +572,7 @@ class Replica:
 
     def _reset_follower_state(self) -> None:
         self.sync_started = False
+        self.restoring = False
         self.matched_version = 0
         self.sync_target_version = 0
         self.acked_sent_version = 0
@@ -803,7 +823,9 @@ class Replica:
         # Hysteresis: slow down above the limit, resume below half of it.
         limit = self.cfg.flow_control_lag_versions
         lag = max(
-            (self.last_version - p.acked_version for i, p in self.peers.items() if self.connected[i]),
+            # A peer being restored is not a slow slave: the master must not slow down for it.
+            (self.last_version - p.acked_version for i, p in self.peers.items()
+             if self.connected[i] and p.state != PeerState.RESTORING),
             default=0,
         )
         if self.flow_level == 0 and lag > limit:
@@ -862,6 +884,7 @@ class Replica:
     def _resync(self, why: str) -> None:
         self.cache.clear()
         self.sync_started = False
+        self.restoring = False  # the transport aborts the session when it sees this
         self._set_role(Role.SYNCING)
         self._send_sync_request(why)
 
@@ -909,6 +932,94 @@ class Replica:
         self._election_dirty = True
         if self.role in (Role.SLAVE, Role.SYNCING):
             self._resync("restore finished")
+
+    # ------------------------------------------------------------------ restore (docs/restore.md)
+
+    def on_peer_restoring(self, ev: PeerRestoring) -> None:
+        i = self._peer_index(ev.node, "peer_restoring")
+        if i is None:
+            return
+        peer = self.peers.get(i)
+        if self.role != Role.MASTER or peer is None or not self.connected[i]:
+            self._log(LogLevel.DEBUG, f"ignored {ev.describe()}: not master, or n{ev.node} not connected")
+            return
+        peer.state = PeerState.RESTORING
+        self._log(LogLevel.INFO, f"restoring n{ev.node} over a sync connection; live forwards wait")
+
+    def on_peer_restore_caught_up(self, ev: PeerRestoreCaughtUp) -> None:
+        i = self._peer_index(ev.node, "peer_restore_caught_up")
+        if i is None:
+            return
+        peer = self.peers.get(i)
+        if self.role != Role.MASTER or peer is None or peer.state != PeerState.RESTORING:
+            self._log(LogLevel.DEBUG, f"ignored {ev.describe()}: n{ev.node} is not being restored")
+            return
+        peer.state = PeerState.REPLICATING
+        self._log(LogLevel.INFO, f"n{ev.node} restore stream covers v{self.last_version}: live forwards start (sync cache)")
+
+    def on_peer_restore_failed(self, ev: PeerRestoreFailed) -> None:
+        i = self._peer_index(ev.node, "peer_restore_failed")
+        if i is None:
+            return
+        peer = self.peers.get(i)
+        if self.role != Role.MASTER or peer is None or not self.connected[i] or peer.state != PeerState.RESTORING:
+            self._log(LogLevel.DEBUG, f"ignored {ev.describe()}")
+            return
+        self.counters["restores_failed"] += 1
+        self._log(LogLevel.WARNING, f"restore of n{ev.node} failed: {ev.reason}; resetting its connection")
+        self._emit(ResetConnection(ev.node, f"restore failed: {ev.reason}"))
+        self._mark_offline(i, "restore failed")
+
+    def on_restore_begun(self, ev: RestoreBegun) -> None:
+        i = self._peer_index(ev.node, "restore_begun")
+        if i is None:
+            return
+        if not self._is_my_master(i, ev.epoch) or not self.sync_started or self.truncating_to is not None:
+            self._log(LogLevel.INFO, f"refused {ev.describe()}: not following n{ev.node} in e{ev.epoch} with a matched log")
+            return
+        self.restoring = True
+        self.counters["restores_begun"] += 1
+        self._set_role(Role.SYNCING)
+        self._log(LogLevel.INFO, f"restore from n{ev.node} begun at e{self.last_epoch}v{self.last_version}")
+
+    def on_log_rebased(self, ev: LogRebased) -> None:
+        if not self.restoring or ev.last_version <= self.last_version:
+            self._log(LogLevel.WARNING, f"ignored {ev.describe()}: restoring {self.restoring}, log ends at v{self.last_version}")
+            return
+        pairs = tuple(p for p in ev.epoch_history if p[1] <= ev.last_version) or ((ev.last_epoch, ev.last_version),)
+        if history_invalid(pairs, ev.last_epoch, ev.last_version) is not None:
+            pairs = ((ev.last_epoch, ev.last_version),)
+        invariant(ev.last_epoch <= self.promised_epoch, "a rebase comes from the master we promised")
+        self.history = EpochHistory(pairs)
+        self.last_epoch, self.last_version = ev.last_epoch, ev.last_version
+        self.matched_version = ev.last_version
+        self.durable_version = self.app_acked_version = ev.last_version
+        self.cache.drop_through(ev.last_version)
+        self.counters["log_rebases"] += 1
+        self._status_dirty = True
+        self._log(LogLevel.INFO, f"log rebased on restored files at e{ev.last_epoch}v{ev.last_version}")
+        self._maybe_ack()
+
+    def on_restored_records(self, ev: RestoredRecords) -> None:
+        i = self._peer_index(ev.node, "restored_records")
+        if i is None:
+            return
+        if not self.restoring or type(ev.batch) is not ForwardBatch:
+            self._log(LogLevel.DEBUG, f"ignored {ev.describe()}: no restore running")
+            return
+        self.on_forward_batch(i, ev.batch)
+
+    def on_restore_ended(self, ev: RestoreEnded) -> None:
+        if not self.restoring:
+            return
+        self.restoring = False
+        if ev.ok:
+            self.counters["restores_ended_ok"] += 1
+            self._log(LogLevel.INFO, f"restore from n{ev.node} done at e{self.last_epoch}v{self.last_version}")
+            self._update_follower_role()
+            return
+        self.counters["restores_failed"] += 1
+        self._resync(f"restore failed: {ev.reason}")
 
     def on_sync_start(self, i: int, msg: SyncStart) -> None:
         if not self._is_my_master(i, msg.epoch) or self.truncating_to is not None:
@@ -1040,7 +1151,12 @@ class Replica:
     def _update_follower_role(self) -> None:
         if self.role not in (Role.SLAVE, Role.SYNCING):
             return
-        caught_up = self.sync_started and self.last_version >= self.sync_target_version and not len(self.cache)
+        caught_up = (
+            self.sync_started
+            and not self.restoring
+            and self.last_version >= self.sync_target_version
+            and not len(self.cache)
+        )
         self._set_role(Role.SLAVE if caught_up else Role.SYNCING)
 
     def on_app_acked(self, ev: AppAcked) -> None:

@@ -76,6 +76,11 @@ class ConnKind(enum.IntEnum):
 
     PEER = 1  # replica <-> replica of one vgroup
     ARBITRATOR = 2  # replica -> arbitrator
+    SYNC = 3  # master -> a replica that is behind: the restore flow (docs/restore.md)
+    BACKUP = 4  # a restore tool (`vrepl restore`) -> any replica: pull a full copy
+
+
+RESTORE_TOOL_NODE_ID = -3  # the node id a restore tool names in its HELLO
 
 
 # ---------------------------------------------------------------------------------------------

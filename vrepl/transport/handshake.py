@@ -70,10 +70,15 @@ class ClientHandshake:
         node: int,
         target_node: int,
         nonce: bytes | None = None,
+        any_server: bool = False,
     ) -> None:
         self.secret = secret
         self.hello = Hello(int(kind), vgroup_id, node, target_node, nonce or new_nonce())
         self.done = False
+        # A restore tool knows the address but not the node id: it accepts the node that
+        # answers (the proof still binds that node id and both nonces to the secret).
+        self.any_server = any_server
+        self.server_node: int | None = None
         self._state = "start"
 
     def start(self) -> bytes:
@@ -82,12 +87,13 @@ class ClientHandshake:
 
     def on_message(self, msg: object) -> bytes | None:
         if self._state == "wait_challenge" and type(msg) is Challenge:
-            if msg.node != self.hello.target_node:
+            if msg.node != self.hello.target_node and not self.any_server:
                 raise HandshakeError(f"server is n{msg.node}, expected n{self.hello.target_node}")
             expected = make_proof(self.secret, "server", self.hello, msg.node, msg.nonce)
             if not hmac.compare_digest(expected, msg.proof):
                 raise HandshakeError("server proof does not match the cluster secret")
             self._state = "wait_welcome"
+            self.server_node = msg.node
             return codec.encode(Auth(make_proof(self.secret, "client", self.hello, msg.node, msg.nonce)))
         if self._state == "wait_welcome" and type(msg) is Welcome:
             self._state = "done"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from vrepl.transport.handshake import (
 )
 
 if TYPE_CHECKING:
+    from vrepl.restore.limiter import RestoreLimiter
     from vrepl.sync import SyncInstance
 
 log = logging.getLogger("vrepl.transport")
@@ -77,6 +79,7 @@ class Connection(asyncio.BufferedProtocol):
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._timer: asyncio.TimerHandle | None = None
+        self.detached = False  # a sync/backup connection handed to a restore thread
         self.bytes_sent = 0
         self.bytes_received = 0
         self.frames_sent = 0
@@ -169,6 +172,8 @@ class Connection(asyncio.BufferedProtocol):
         self._resumed.set()
         if not self.done.done():
             self.done.set_result(self.close_reason)
+        if self.detached:
+            return
         if self.authenticated and self.instance is not None:
             self.instance.on_connection_lost(self)
         elif not was_closed and self.is_client and self.instance is not None:
@@ -225,11 +230,37 @@ class Connection(asyncio.BufferedProtocol):
                 raise HandshakeError(f"{self.frames.buffered} bytes sent before the handshake finished")
             self.instance = inst
             self.peer_node = hello.node
+            if hello.kind in (ConnKind.SYNC, ConnKind.BACKUP):
+                # A restore session: bulk, blocking, on its own thread (docs/restore.md).
+                self._detach_when_flushed(inst, hello, 0)
+                return
             self.frames = FrameBuffer(inst.cfg.max_frame_bytes)
             self.transport.set_write_buffer_limits(high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4)  # type: ignore[union-attr]
         self.authenticated = True
         assert self.instance is not None
         self.instance.on_connection_ready(self)
+
+    def _detach_when_flushed(self, inst: "SyncInstance", hello: codec.Hello, tries: int) -> None:
+        """Hand the socket to the instance's restore code once WELCOME has left; reading
+        stops now, so every later byte stays in the kernel for the new owner."""
+        if self.closed or self.transport is None:
+            return
+        self.transport.pause_reading()
+        if self.transport.get_write_buffer_size() and tries < 1000:
+            self.loop.call_later(0.005, self._detach_when_flushed, inst, hello, tries + 1)
+            return
+        sock = self.transport.get_extra_info("socket")
+        try:
+            fd = os.dup(sock.fileno())
+        except OSError as exc:
+            self.abort(f"cannot take over the sync connection: {exc}", logging.WARNING)
+            return
+        self.detached = True
+        self.closed = True
+        self.close_reason = "handed to a restore session"
+        self.transport.abort()  # closes asyncio's descriptor; the duplicate stays open
+        raw = socket.socket(fileno=fd)
+        inst.on_sync_connection(raw, hello)
 
     # -- frames --------------------------------------------------------------------------------
 
@@ -315,6 +346,7 @@ class NodeTransport:
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self.refused = 0  # connections closed in the handshake
+        self.restore_limiter: "RestoreLimiter | None" = None  # max_concurrent_restores for this node
 
     @classmethod
     async def acquire(cls, loop: asyncio.AbstractEventLoop, instance: "SyncInstance") -> "NodeTransport":
@@ -341,6 +373,9 @@ class NodeTransport:
         if instance.cfg.vgroup_id in nt.instances:
             raise ConfigError(f"vg{instance.cfg.vgroup_id} already runs on {me.host}:{me.port}")
         nt.instances[instance.cfg.vgroup_id] = instance
+        if nt.restore_limiter is None:
+            from vrepl.restore.limiter import RestoreLimiter
+            nt.restore_limiter = RestoreLimiter(instance.restore_cfg.max_concurrent_restores)
         return nt
 
     def release(self, instance: "SyncInstance") -> None:
@@ -359,13 +394,20 @@ class NodeTransport:
 
     def check_hello(self, hello: codec.Hello) -> str | None:
         """Why this node refuses a hello, or None (docs/embedding.md §Connections)."""
-        if hello.kind != ConnKind.PEER:
-            return f"hello of kind {hello.kind} from n{hello.node}: this node only takes peer connections"
+        if hello.kind not in (ConnKind.PEER, ConnKind.SYNC, ConnKind.BACKUP):
+            return f"hello of kind {hello.kind} from n{hello.node}: this node takes peer, sync and backup connections"
         inst = self.instances.get(hello.vgroup_id)
         if inst is None:
             return f"unknown vgroup {hello.vgroup_id} (hello from n{hello.node})"
+        if hello.kind == ConnKind.BACKUP:
+            # A restore tool does not know node ids: it names none (docs/restore.md §CLI).
+            if hello.node != codec.RESTORE_TOOL_NODE_ID or hello.target_node not in (self.node, -1):
+                return f"backup hello from n{hello.node} for n{hello.target_node}: not a restore tool's"
+            return inst.backup_hello_refusal()
         if hello.target_node != self.node:
             return f"hello from n{hello.node} for n{hello.target_node}, this is n{self.node}"
+        if hello.kind == ConnKind.SYNC:
+            return inst.sync_hello_refusal(hello.node)
         return inst.peer_hello_refusal(hello.node)
 
     def mark_dirty(self, conn: Connection) -> None:

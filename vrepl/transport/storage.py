@@ -209,6 +209,27 @@ class WalStore:
             self._jobs.append(("truncate", version))
             self._cond.notify()
 
+    def reset(self, base_version: int, base_epoch: int) -> None:
+        """Queue: drop every WAL file and start an empty WAL whose next record is
+        base_version + 1 (a restore installed archived files holding everything up to
+        base_version, docs/restore.md §Rebase). Ordered with the appends around it."""
+        with self._cond:
+            self._jobs.append(("reset", base_version, base_epoch))
+            self._cond.notify()
+
+    def recycle(self, before_version: int) -> None:
+        """Queue: delete sealed WAL files whose records are all below before_version (the
+        app archived them: docs/vnode.md §5)."""
+        with self._cond:
+            self._jobs.append(("recycle", before_version))
+            self._cond.notify()
+
+    def first_version_or(self, default: int) -> int:
+        """The first version the WAL still holds, or `default` when it holds none."""
+        w = self._writer
+        first = w.first_version if w is not None else 0
+        return first or default
+
     def run_inline(self, max_bytes: int) -> bool:
         """Execute the queued jobs on the calling thread (the event loop) when the WAL thread
         is idle and they hold at most `max_bytes`: a lone small write then waits for no
@@ -299,4 +320,28 @@ class WalStore:
                     raise WalError(f"{self.wal_dir}: truncated to v{last}, asked for v{version}", self.wal_dir)
                 self.durable_version = last
                 self._on_truncated(self._writer.last_epoch if last else 0, last)
+            elif job[0] == "reset":
+                self._reset(job[1], job[2])
+            elif job[0] == "recycle":
+                assert self._writer is not None
+                removed = self._writer.recycle(job[1])
+                if removed:
+                    log.info("wal %s: recycled %d files below v%d", self.wal_dir, len(removed), job[1])
             i += 1
+
+    def _reset(self, base_version: int, base_epoch: int) -> None:
+        assert self._writer is not None
+        self._writer.close()
+        for name in os.listdir(self.wal_dir):
+            if name.endswith(".wal") or name.endswith(".idx"):
+                os.unlink(os.path.join(self.wal_dir, name))
+        _wal._fsync_dir(self.wal_dir)
+        w = self._new_writer()
+        # An empty WAL continuing after base_version: the next append must be base + 1.
+        w.last_version = base_version
+        w.last_epoch = base_epoch
+        w.durable_version = base_version
+        self._writer = w
+        self.durable_version = base_version
+        log.warning("wal %s: reset: the log continues after v%d (e%d) held by restored files",
+                    self.wal_dir, base_version, base_epoch)

@@ -1,0 +1,18 @@
+"""vrepl.restore: bringing a replica that is behind up to date (seed 数据恢复流程, docs/restore.md).
+
+Owns: the sync connection's protocol (protocol.py) and blocking stream (stream.py), the side
+that has the data (sender.py: archived files with os.sendfile, sealed WAL files, the last
+WAL tailed with inotify), the side that is behind (receiver.py: compare, stage, verify,
+swap; records handed to a sink), file name confinement (paths.py), watching (watch.py), the
+per-node concurrency limit (limiter.py), sessions inside a sync instance (live.py), the
+`vrepl restore` / `vrepl replay` commands (cli.py), and the restore settings (config.py).
+Must not: be imported by vrepl.replica (the core stays free of I/O); every decision that
+changes the replica is an event stepped on the I/O thread.
+"""
+from vrepl.restore.config import RestoreConfig, restore_config_invalid
+from vrepl.restore.errors import DiskFull, FilesChanged, PeerError, RestoreError, UnsafeName
+from vrepl.restore.paths import confined, name_refusal
+from vrepl.restore.receiver import recover_interrupted_swap
+
+__all__ = ["RestoreConfig", "restore_config_invalid", "RestoreError", "FilesChanged", "UnsafeName", "DiskFull",
+           "PeerError", "confined", "name_refusal", "recover_interrupted_swap"]
