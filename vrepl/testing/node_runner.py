@@ -222,7 +222,10 @@ class Runner:
             self.inst.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_node_process(argv: list[str] | None, make_node) -> int:
+    """The body of a node process: read the JSON config named by argv[0], set up logging,
+    start `make_node(conf)` (anything with start() and serve()), and serve until told to
+    quit. Exit code 2 when the node cannot start (the reason is emitted as an event)."""
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
     with open(argv[0]) as fh:
@@ -236,14 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
         handlers=handlers,
     )
-    runner = Runner(conf)
+    node = make_node(conf)
     try:
-        runner.start()
+        node.start()
     except VreplError as exc:
         emit("error", text=str(exc))
         return 2
-    runner.serve()
+    node.serve()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_node_process(argv, Runner)
 
 
 if __name__ == "__main__":

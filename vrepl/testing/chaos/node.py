@@ -26,8 +26,6 @@ Must not: be used as a real vnode.
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import socket
 import sys
@@ -38,7 +36,7 @@ from vrepl.config import SyncConfig
 from vrepl.errors import VreplError
 from vrepl.replica import ConfirmStatus
 from vrepl.sync import SyncCallbacks, SyncInstance
-from vrepl.testing.node_runner import _die_with_parent, emit
+from vrepl.testing.node_runner import emit, run_node_process
 
 PAYLOAD_PREFIX = b"chaos|"
 DRAIN_WAIT_S = 5.0     # longest wait for unanswered forwards before re-reading the log end
@@ -234,27 +232,7 @@ class ChaosNode:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    _die_with_parent()
-    with open(argv[0]) as fh:
-        conf = json.load(fh)
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if conf.get("log_file"):
-        handlers = [logging.FileHandler(conf["log_file"])]
-    logging.basicConfig(
-        level=getattr(logging, conf.get("log_level", "INFO")),
-        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(message)s",
-        datefmt="%H:%M:%S",
-        handlers=handlers,
-    )
-    node = ChaosNode(conf)
-    try:
-        node.start()
-    except VreplError as exc:
-        emit("error", text=str(exc))
-        return 2
-    node.serve()
-    return 0
+    return run_node_process(argv, ChaosNode)
 
 
 if __name__ == "__main__":
