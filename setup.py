@@ -14,11 +14,11 @@ compile_args = ["-O0", "-g"] if debug else ["-O3"]
 def core_extension(name: str, with_crc: bool = True) -> Extension:
     sources = [f"{CORE}/{name}.pyx"]
     if with_crc:
-        sources.append(f"{CORE}/crc32c_impl.c")
+        sources.append(f"{CORE}/csrc/crc32c_impl.c")
     return Extension(
         f"vrepl._core.{name}",
         sources,
-        include_dirs=[CORE, numpy.get_include()],
+        include_dirs=[CORE, f"{CORE}/csrc", numpy.get_include()],
         extra_compile_args=compile_args,
     )
 

@@ -1,4 +1,4 @@
-# Contract of the CRC-32C C implementation (crc32c_impl.c), for cimport by other _core modules.
+# Contract of the CRC-32C C implementation (csrc/crc32c_impl.c), for cimport by other _core modules.
 from libc.stdint cimport uint32_t
 
 cdef extern from "crc32c_impl.h":

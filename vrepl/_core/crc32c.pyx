@@ -1,7 +1,7 @@
 # cython: language_level=3
 """CRC-32C (Castagnoli) for Python callers.
 
-Owns: the Python face of the C checksum (crc32c_impl.c) and the run-time choice between the
+Owns: the Python face of the C checksum (csrc/crc32c_impl.c) and the run-time choice between the
 hardware instruction (SSE4.2 / ARMv8 CRC) and slicing-by-8. Does no I/O. Large buffers are
 checksummed with the GIL released so other threads (the transport, a WAL flusher) keep running.
 """
