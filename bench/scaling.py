@@ -39,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.compare import jsonline  # noqa: E402
 from bench.compare.drivers.base import LatencySpec, ThroughputSpec  # noqa: E402
 from bench.compare.procs import ProcessRegistry, free_ports, install_exit_handlers  # noqa: E402
 
@@ -196,15 +197,7 @@ class LibCluster:
 
     @staticmethod
     def ask(node: subprocess.Popen, msg: dict) -> dict:
-        node.stdin.write((json.dumps(msg) + "\n").encode())
-        node.stdin.flush()
-        line = node.stdout.readline()
-        if not line:
-            raise RuntimeError(f"vrepl_lib_node exited ({node.poll()})")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(reply["error"])
-        return reply
+        return jsonline.ask(node, msg, "vrepl_lib_node")
 
     def throughput(self, spec: ThroughputSpec) -> dict:
         return self.ask(self.master, {"cmd": "throughput", "spec": asdict(spec)})
@@ -213,19 +206,7 @@ class LibCluster:
         return self.ask(self.master, {"cmd": "latency", "spec": asdict(spec)})
 
     def close(self) -> None:
-        for p in self.nodes:
-            try:
-                p.stdin.write(b'{"cmd": "quit"}\n')
-                p.stdin.close()
-            except OSError:
-                pass
-        for p in self.nodes:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            if p.stdout:
-                p.stdout.close()
+        jsonline.quit_all(self.nodes, kill_on_timeout=True)
         if self.arb is not None:
             self.arb.stop()
         self.procs.stop_all()

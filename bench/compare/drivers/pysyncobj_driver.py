@@ -11,13 +11,13 @@ fsync table are an upper bound for what a durable PySyncObj would do.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import jsonline
 from ..install import ensure_pip
 from ..procs import ProcessRegistry, free_ports
 from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
@@ -73,15 +73,7 @@ class PySyncObjDriver(Driver):
 
     @staticmethod
     def _ask(node: subprocess.Popen, msg: dict) -> dict:
-        node.stdin.write((json.dumps(msg) + "\n").encode())
-        node.stdin.flush()
-        line = node.stdout.readline()
-        if not line:
-            raise RuntimeError(f"pysyncobj node exited (status {node.poll()})")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"pysyncobj node: {reply['error']}")
-        return reply
+        return jsonline.ask(node, msg, "pysyncobj")
 
     def run_latency(self, spec: LatencySpec) -> dict:
         return self._ask(self.leader, {"cmd": "latency", "spec": asdict(spec)})
@@ -90,18 +82,6 @@ class PySyncObjDriver(Driver):
         return self._ask(self.leader, {"cmd": "throughput", "spec": asdict(spec)})
 
     def stop(self) -> None:
-        for node in self.nodes:
-            try:
-                node.stdin.write(b'{"cmd": "quit"}\n')
-                node.stdin.close()
-            except OSError:
-                pass
-        for node in self.nodes:
-            try:
-                node.wait(5)
-            except subprocess.TimeoutExpired:
-                pass  # the harness kills the group
-            if node.stdout:
-                node.stdout.close()
+        jsonline.quit_all(self.nodes)
         self.nodes = []
         self.leader = None

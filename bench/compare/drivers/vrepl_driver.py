@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import jsonline
 from ..procs import ProcessRegistry, free_ports
 from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
 
@@ -227,15 +228,7 @@ class VreplLibDriver(Driver):
 
     @staticmethod
     def _ask(node: subprocess.Popen, msg: dict) -> dict:
-        node.stdin.write((json.dumps(msg) + "\n").encode())
-        node.stdin.flush()
-        line = node.stdout.readline()
-        if not line:
-            raise RuntimeError(f"vrepl-lib node exited (status {node.poll()})")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"vrepl-lib node: {reply['error']}")
-        return reply
+        return jsonline.ask(node, msg, "vrepl-lib")
 
     def run_latency(self, spec: LatencySpec) -> dict:
         return self._ask(self.master, {"cmd": "latency", "spec": asdict(spec)})
@@ -244,19 +237,7 @@ class VreplLibDriver(Driver):
         return self._ask(self.master, {"cmd": "throughput", "spec": asdict(spec)})
 
     def stop(self) -> None:
-        for node in self.nodes:
-            try:
-                node.stdin.write(b'{"cmd": "quit"}\n')
-                node.stdin.close()
-            except OSError:
-                pass
-        for node in self.nodes:
-            try:
-                node.wait(5)
-            except subprocess.TimeoutExpired:
-                pass  # the harness kills the group
-            if node.stdout:
-                node.stdout.close()
+        jsonline.quit_all(self.nodes)
         self.nodes = []
         self.master = None
 
