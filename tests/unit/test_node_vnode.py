@@ -18,9 +18,11 @@ def test_prepare_raw_embeds_the_body_and_request_id(tmp_path):
     v = Vnode(str(tmp_path / "a"))
     b = body([["t", 1, {"x": 1.5}], ["t", 2, {"x": 2}]])
     reason, rows, payload = v.prepare_raw(b, "req-1")
-    assert reason is None and rows[1][2] == {"x": 2}
+    assert reason is None and len(rows) == 2          # a Staged batch: parsed into columns
     assert payload.endswith(b) and R.payload_request_id(payload) == "req-1"
-    assert R.decode_rows(payload) == rows
+    assert R.decode_rows(payload) == [["t", 1, {"x": 1.5}], ["t", 2, {"x": 2}]]
+    assert v.apply_prepared(1, 1, rows, len(payload), "req-1")
+    assert [(r["ts"], r["x"]) for r in v.query("t", 0, 10)] == [(1, 1.5), (2, 2.0)]
     assert v.prepare_raw(b"[1", None)[0].startswith("body is not JSON")
     assert "UTF-8" in v.prepare_raw(b'["\xff"]', None)[0]
     assert "request_id" in v.prepare_raw(b, "a/b")[0]

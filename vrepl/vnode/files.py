@@ -178,17 +178,6 @@ def arrow_schema(precision: str, columns: dict[str, str]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def rows_to_arrow(rows: list[tuple[int, tuple[int, int, dict]]], schema: pa.Schema) -> pa.Table:
-    """An Arrow table of memtable rows [(ts, (version, epoch, values))] in the given schema."""
-    arrays = [pa.array([r[0] for r in rows], schema.field("ts").type),
-              pa.array([r[1][0] for r in rows], pa.int64()),
-              pa.array([r[1][1] for r in rows], pa.int64())]
-    for f in list(schema)[3:]:
-        name = f.name
-        arrays.append(pa.array([r[1][2].get(name) for r in rows], f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """The table with exactly the schema's columns (missing ones null, types cast)."""
     cols = []

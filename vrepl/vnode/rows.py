@@ -59,6 +59,7 @@ try:
     from vrepl._core.rows import fast_check as _fast_check
 except ImportError:   # not built (a source checkout without the extension): Python only
     _fast_check = None
+from vrepl._core.memcols import Staged, parse_batch
 
 
 def loads_json(data: bytes | bytearray | memoryview) -> Any:
@@ -124,6 +125,20 @@ def check_rows(rows: Any, cfg: VnodeConfig | None = _DEFAULT_CONFIG,
         if ok is not None:
             return None, ok[0], ok[1]
     return check_rows_py(rows, cfg, schemas, table_count)
+
+
+def parse_staged(body: bytes | memoryview, cfg: VnodeConfig | None = _DEFAULT_CONFIG,
+                 schemas: Schemas | None = None, table_count: int | None = None
+                 ) -> Staged | None:
+    """A JSON body of rows parsed straight into typed columns (vrepl/_core/memcols.pyx), or
+    None when the fast parser is not sure: then json.loads + check_rows decide (and give the
+    reason). A Staged batch is one check_rows would accept with the same new columns
+    (`.added`) and estimated bytes (`.nbytes`)."""
+    if cfg is None:
+        return parse_batch(body, schemas, False, INT64_MIN, INT64_MAX, 0, 0, 0, 0, 0, None)
+    return parse_batch(body, schemas, True, cfg.ts_lo, cfg.ts_hi, cfg.max_rows_per_batch,
+                       cfg.max_row_bytes, cfg.max_batch_bytes, cfg.max_columns_per_table,
+                       cfg.max_tables, table_count)
 
 
 def check_rows_py(rows: Any, cfg: VnodeConfig | None = _DEFAULT_CONFIG,
@@ -287,6 +302,17 @@ def payload_invalid_header(payload: bytes | memoryview) -> str | None:
         return (f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT}"
                 f" and {PAYLOAD_FORMAT_RID})")
     return None
+
+
+def decode_staged(payload: bytes | memoryview, max_payload_bytes: int | None = None,
+                  schemas: Schemas | None = None) -> Staged | None:
+    """decode_checked's fast path: the Staged rows of a well-formed payload that agrees with
+    `schemas`, or None (then decode_checked decides, and explains)."""
+    if payload_invalid_header(payload) is not None:
+        return None
+    if max_payload_bytes is not None and len(payload) > max_payload_bytes:
+        return None
+    return parse_staged(memoryview(payload)[body_offset(payload):], None, schemas)
 
 
 def decode_rows(payload: bytes | memoryview, version: int | None = None,

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -36,9 +37,8 @@ from vrepl.vnode import rows as R
 from vrepl.vnode.config import VnodeConfig, config_invalid
 from vrepl.vnode.errors import ApplyError, ArchiveError, VnodeClosedError, VnodeError
 from vrepl.vnode.files import (MANIFEST_NAME, ArchivedFile, ArchiveStore, Manifest,
-                               arrow_schema, conform, file_magic, name_invalid, newest_per_ts,
-                               rows_to_arrow)
-from vrepl.vnode.memtable import Memtable
+                               arrow_schema, conform, file_magic, name_invalid, newest_per_ts)
+from vrepl.vnode.memtable import Memtable, TableLog
 
 WAL_DIR = "wal"
 MSG_TYPE_DATA = 1            # vrepl.wal.MSG_TYPE_DATA: records the vnode decodes
@@ -150,13 +150,25 @@ class Vnode:
             self._schemas.setdefault(table, {}).update(cols)
 
     def prepare_raw(self, body: bytes, request_id: str | None = None
-                    ) -> tuple[str | None, list, bytes]:
+                    ) -> tuple[str | None, Any, bytes]:
         """prepare_write for a client's JSON body (an array of rows): (reason, [], b"") or
-        (None, rows, payload). The payload embeds the client's bytes as they are (they were
-        just parsed and checked, so every replica decodes the same rows), which saves
-        encoding the batch again; a request id makes it a format-2 payload."""
+        (None, rows, payload), rows being a Staged batch (parsed straight into columns) or
+        a list of rows (the reference path). The payload embeds the client's bytes as they
+        are (they were just parsed and checked, so every replica decodes the same rows),
+        which saves encoding the batch again; a request id makes it a format-2 payload."""
         if request_id is not None and R.REQUEST_ID_RE.fullmatch(request_id) is None:
             return f"request_id {request_id[:70]!r} does not match {R.REQUEST_ID_RULE}", [], b""
+        with self._lock:
+            self._check_open()
+            staged = R.parse_staged(body, self.config, self._schemas, len(self._schemas))
+            if staged is not None:
+                payload = R.encode_payload(body, request_id)
+                if len(payload) > self.config.max_payload_bytes:
+                    return (f"encoded batch is {len(payload)} bytes, above max_payload_bytes"
+                            f" {self.config.max_payload_bytes}"), [], b""
+                self._add_columns(staged.added)
+                return None, staged, payload
+        # Not the fast parser's kind of body: the reference path decides and explains.
         try:
             rows = R.loads_json(body)
         except UnicodeDecodeError as exc:
@@ -187,7 +199,7 @@ class Vnode:
             self._check_open()
             if version <= self.applied_version:
                 return False
-            self._mem.apply(version, epoch, rows, self._clock(), nbytes)
+            self._mem.apply(version, epoch, rows, self._clock(), nbytes, self._schemas)
             self.applied_version = version
             self.applied_epoch = max(self.applied_epoch, epoch)
             if request_id is not None:
@@ -227,7 +239,7 @@ class Vnode:
     def _apply_locked(self, version: int, epoch: int, rows: Sequence[Sequence[Any]],
                       added: dict[str, dict[str, str]], nbytes: int | None) -> None:
         self._add_columns(added)
-        self._mem.apply(version, epoch, rows, self._clock(), nbytes)
+        self._mem.apply(version, epoch, rows, self._clock(), nbytes, self._schemas)
         self.applied_version = version
         self.applied_epoch = max(self.applied_epoch, epoch)
 
@@ -246,12 +258,16 @@ class Vnode:
             if msg_type != MSG_TYPE_DATA:
                 self.applied_version = version
                 return True
-            rows, added, conflict = R.decode_checked(payload, version,
-                                                     self.config.max_payload_bytes,
-                                                     self._schemas)
-            if conflict is not None:
-                raise ApplyError(f"version {version}: cannot apply: {conflict}")
-            self._apply_locked(version, epoch, rows, added, len(payload))
+            staged = R.decode_staged(payload, self.config.max_payload_bytes, self._schemas)
+            if staged is not None:
+                self._apply_locked(version, epoch, staged, staged.added, len(payload))
+            else:
+                rows, added, conflict = R.decode_checked(payload, version,
+                                                         self.config.max_payload_bytes,
+                                                         self._schemas)
+                if conflict is not None:
+                    raise ApplyError(f"version {version}: cannot apply: {conflict}")
+                self._apply_locked(version, epoch, rows, added, len(payload))
             if payload[3] == R.PAYLOAD_FORMAT_RID:
                 rid = R.payload_request_id(payload)
                 if rid is not None:
@@ -404,7 +420,7 @@ class Vnode:
                 written, superseded, files = self._write_files(mem, old, version, schemas)
             except BaseException:
                 with self._lock:   # keep the rows: put imem back under the newer writes
-                    self._mem = self._merge_back(mem, self._mem)
+                    self._mem = self._merge_back(mem, self._mem, self._schemas)
                     self._imem = None
                 raise
             with self._lock:
@@ -423,13 +439,15 @@ class Vnode:
         current = {(f.table, f.bucket): f for f in old.files}
         files = dict(current)
         written, superseded = [], []
-        for table, tm in mem.tables.items():
+        for table in mem.tables:
             schema = arrow_schema(self.config.precision, schemas.get(table, {}))
-            buckets: dict[int, list] = {}
-            for ts in tm.keys:
-                buckets.setdefault(ts // span, []).append((ts, tm.rows[ts]))
-            for bucket, rows in buckets.items():
-                new = rows_to_arrow(rows, schema)
+            tbl = mem.to_arrow(table, schema)      # newest row per ts, sorted by ts
+            ts = tbl.column("ts").to_numpy().astype(np.int64)
+            buckets = ts // span
+            cuts = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
+            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(ts)]):
+                bucket = int(buckets[lo])
+                new = tbl.slice(lo, hi - lo)
                 prev = current.get((table, bucket))
                 if prev is not None:
                     new = newest_per_ts(pa.concat_tables(
@@ -441,15 +459,22 @@ class Vnode:
         return written, superseded, list(files.values())
 
     @staticmethod
-    def _merge_back(older: Memtable, newer: Memtable) -> Memtable:
+    def _merge_back(older: Memtable, newer: Memtable,
+                    schemas: dict[str, dict[str, str]]) -> Memtable:
         """A failed flush: one memtable holding older's rows overwritten by newer's."""
         merged = Memtable()
         for m in (older, newer):
-            for table, tm in m.tables.items():
-                for ts in tm.keys:
-                    version, epoch, values = tm.rows[ts]
-                    merged.apply(version, epoch, ((table, ts, values),),
-                                 m.first_write_at or 0.0, 0)
+            for table, ts, version, epoch, values in m.rows_in_order():
+                log = merged.tables.get(table)
+                if log is None:
+                    log = merged.tables[table] = TableLog()
+                log.append_row(ts, version, epoch, values, schemas.get(table))
+            merged.rows += m.rows
+            merged.min_version = merged.min_version or m.min_version
+            merged.max_version = max(merged.max_version, m.max_version)
+            merged.max_epoch = max(merged.max_epoch, m.max_epoch)
+            if merged.first_write_at is None:
+                merged.first_write_at = m.first_write_at
         merged.bytes = older.bytes + newer.bytes
         return merged
 
