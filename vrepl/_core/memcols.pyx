@@ -80,7 +80,7 @@ cdef class _Buf:
         cdef _Block nb
         if need <= self.cap:
             return 0
-        cap = max(need, self.cap * 2, 4096)
+        cap = max(need, self.cap * 2, 256)
         if Py_REFCNT(<PyObject*>self.blk) == 1:      # no view holds the block
             p = <char*>realloc(self.blk.ptr, cap)
             if p == NULL:
@@ -348,6 +348,8 @@ cdef class TableLog:
         self.version.reserve(8)
         self.epoch.reserve(8)
         (<int64_t*>(self.ts.ptr + self.ts.size))[0] = ts
+        (<int64_t*>(self.version.ptr + self.version.size))[0] = 0
+        (<int64_t*>(self.epoch.ptr + self.epoch.size))[0] = 0
         self.ts.size += 8
         self.version.size += 8
         self.epoch.size += 8
