@@ -133,7 +133,7 @@ cdef class Column:
             memcpy(self.offsets.ptr, &zero, 8)
             self.offsets.size = 8
 
-    cdef int _width(self):
+    cdef int _width(self) noexcept:
         return 1 if self.kind == K_BOOL else (0 if self.kind == K_STR else 8)
 
     cdef int pad(self, Py_ssize_t upto) except -1:
@@ -231,7 +231,7 @@ cdef class Column:
             self._put_utf8(row, <const unsigned char*>s, slen)
         return 0
 
-    cdef bint same_name(self, const unsigned char* s, Py_ssize_t n):
+    cdef bint same_name(self, const unsigned char* s, Py_ssize_t n) noexcept:
         """Whether this column's name is the ASCII bytes s[:n]."""
         return n == len(self.name_b) and memcmp(<const char*>self.name_b, s, n) == 0
 
@@ -334,7 +334,7 @@ cdef class TableLog:
         self.last_ts = 0
         self.order = []
 
-    cdef inline void _note_ts(self, int64_t ts):
+    cdef inline void _note_ts(self, int64_t ts) noexcept:
         if self.n == 0:
             self.first_ts = ts
         elif ts <= self.last_ts:
@@ -512,7 +512,7 @@ cdef class _Parser:
     cdef Py_ssize_t i
     cdef Py_ssize_t n
 
-    cdef inline void ws(self):
+    cdef inline void ws(self) noexcept:
         cdef unsigned char c
         while self.i < self.n:
             c = self.p[self.i]
@@ -521,14 +521,14 @@ cdef class _Parser:
             else:
                 return
 
-    cdef inline bint eat(self, unsigned char c):
+    cdef inline bint eat(self, unsigned char c) noexcept:
         self.ws()
         if self.i < self.n and self.p[self.i] == c:
             self.i += 1
             return True
         return False
 
-    cdef Py_ssize_t string(self, Py_ssize_t* start):
+    cdef Py_ssize_t string(self, Py_ssize_t* start) noexcept:
         """A plain string (printable ASCII, no escapes): its length, start in *start; -1 if
         the next token is anything else."""
         cdef Py_ssize_t j
@@ -549,7 +549,7 @@ cdef class _Parser:
         return -1
 
 
-cdef inline bint _name_ok(const unsigned char* s, Py_ssize_t n, bint table):
+cdef inline bint _name_ok(const unsigned char* s, Py_ssize_t n, bint table) noexcept:
     """TABLE_NAME_RE / COLUMN_NAME_RE (and not "ts" for a column) on ASCII bytes."""
     cdef Py_ssize_t k
     cdef unsigned char c
@@ -567,7 +567,7 @@ cdef inline bint _name_ok(const unsigned char* s, Py_ssize_t n, bint table):
     return True
 
 
-cdef int _parse_int(const unsigned char* s, Py_ssize_t n, long long* out):
+cdef int _parse_int(const unsigned char* s, Py_ssize_t n, long long* out) noexcept:
     """An int literal (-?digits, already checked) into *out; -1 if beyond int64."""
     cdef Py_ssize_t k = 0
     cdef bint neg = False
@@ -590,7 +590,7 @@ cdef int _parse_int(const unsigned char* s, Py_ssize_t n, long long* out):
     return 0
 
 
-cdef inline bint _kind_accepts(int kind, object vtype):
+cdef inline bint _kind_accepts(int kind, object vtype) noexcept:
     if kind == K_INT:
         return vtype is T_INT
     if kind == K_FLOAT:
@@ -620,7 +620,8 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
     cdef dict sch = schemas if type(schemas) is dict else None
     cdef Py_ssize_t nrows = 0, total = 0, size, new_tables = 0, L, s0, j, ncols_known
     cdef Py_ssize_t tcount = -1 if table_count is None else table_count
-    cdef Py_ssize_t row, nvals, k0 = 0, kl, m
+    cdef Py_ssize_t row, nvals, k0 = 0, kl, m, t0 = 0, tl = -1
+    cdef bint same_table
     cdef Py_ssize_t kstarts[MAX_ROW_KEYS]
     cdef Py_ssize_t klens[MAX_ROW_KEYS]
     cdef long long ts = 0, iv = 0
@@ -647,9 +648,16 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
         if not ps.eat(91):
             return None
         L = ps.string(&s0)
-        if L < 0 or not _name_ok(ps.p + s0, L, True):
+        if L < 0:
             return None
-        table = PyUnicode_DecodeUTF8(<const char*>ps.p + s0, L, NULL)
+        # Rows of a batch mostly share their table: the previous row's, found again by
+        # its bytes, needs no name check, object or lookup.
+        same_table = L == tl and memcmp(ps.p + s0, ps.p + t0, L) == 0
+        if not same_table:
+            if not _name_ok(ps.p + s0, L, True):
+                return None
+            t0 = s0
+            tl = L
         if not ps.eat(44):
             return None
         # ts: an int literal within int64 and [ts_lo, ts_hi]
@@ -670,38 +678,40 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
             return None
         if not ps.eat(44) or not ps.eat(123):             # , {
             return None
-        # the table's schema and log
-        known = None
-        if sch is not None:
-            q = PyDict_GetItem(sch, table)
-            if q is not NULL:
-                known = <object>q
-                if type(known) is not dict:
-                    return None
-        q = PyDict_GetItem(added, table)
-        new_cols = <object>q if q is not NULL else None
-        if known is None:
-            known = {}
-            if new_cols is None:
-                new_tables += 1
-                if limits and tcount >= 0 and tcount + new_tables > max_tables:
-                    return None
-                new_cols = {}
-                added[table] = new_cols
-        q = PyDict_GetItem(tables, table)
-        if q is NULL:
-            log = TableLog()
-            tables[table] = log
-        else:
-            log = <TableLog>q
+        if not same_table:
+            table = PyUnicode_DecodeUTF8(<const char*>ps.p + t0, tl, NULL)
+            # the table's schema and log
+            known = None
+            if sch is not None:
+                q = PyDict_GetItem(sch, table)
+                if q is not NULL:
+                    known = <object>q
+                    if type(known) is not dict:
+                        return None
+            q = PyDict_GetItem(added, table)
+            new_cols = <object>q if q is not NULL else None
+            if known is None:
+                known = {}
+                if new_cols is None:
+                    new_tables += 1
+                    if limits and tcount >= 0 and tcount + new_tables > max_tables:
+                        return None
+                    new_cols = {}
+                    added[table] = new_cols
+            q = PyDict_GetItem(tables, table)
+            if q is NULL:
+                log = TableLog()
+                tables[table] = log
+            else:
+                log = <TableLog>q
         row = log.n
-        size = ROW_OVERHEAD_BYTES + L
+        size = ROW_OVERHEAD_BYTES + tl
         nvals = 0
         if ps.eat(125):                                   # {}: no value columns
             return None
         while True:
             kl = ps.string(&k0)
-            if kl < 0 or not _name_ok(ps.p + k0, kl, False):
+            if kl < 0:
                 return None
             if not ps.eat(58):                            # :
                 return None
@@ -796,6 +806,9 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
             if nvals <= len(log.order) and (<Column>log.order[nvals - 1]).same_name(ps.p + k0, kl):
                 col = <Column>log.order[nvals - 1]
             if col is None:
+                # (A name found in the cache was checked when its column was made.)
+                if not _name_ok(ps.p + k0, kl, False):
+                    return None
                 colname = PyUnicode_DecodeUTF8(<const char*>ps.p + k0, kl, NULL)
                 q = PyDict_GetItem(log.columns, colname)
                 if q is not NULL:
@@ -841,10 +854,10 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
                 col._put_double(row, dv if vtype is T_FLOAT else <double>iv)
             else:
                 col._put_int(row, iv)
-            if nvals <= len(log.order):
-                log.order[nvals - 1] = col
-            else:
+            if nvals > len(log.order):
                 log.order.append(col)
+            elif log.order[nvals - 1] is not col:
+                log.order[nvals - 1] = col
             if ps.eat(44):
                 continue
             if ps.eat(125):
