@@ -262,3 +262,17 @@ def test_arrays_handed_out_stay_valid_while_the_log_grows():
 def test_parse_batch_rejects_non_bytes_cleanly():
     with pytest.raises(TypeError):
         R.parse_staged("not bytes", None, {})
+
+
+def test_a_sealed_memtable_has_nothing_left_to_pad():
+    """A flush reads imem outside the vnode lock while queries read it under the lock;
+    reading pads short columns, so a flush seals imem first (Vnode.flush)."""
+    schemas = {"t": {"a": "int", "s": "str"}}
+    mem = Memtable()
+    mem.apply(1, 1, [["t", 1, {"a": 1, "s": "x"}], ["t", 2, {"a": 2}], ["t", 3, {"a": 3}]],
+              0.0, None, schemas)
+    log = mem.tables["t"]
+    assert log.columns["s"].n == 1 < log.n                 # "s" missing from later rows
+    mem.seal()
+    assert all(col.n == log.n for col in log.columns.values())
+    assert [vals["s"] for _, (_, _, vals) in mem.range("t", 0, 9)] == ["x", None, None]

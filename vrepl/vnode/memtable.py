@@ -148,5 +148,13 @@ class Memtable:
                 out.append((table, int(ts[k]), int(ver[k]), int(ep[k]), values))
         return out
 
+    def seal(self) -> None:
+        """Pad every column to its log's length. A flush reads a sealed memtable outside
+        the vnode lock while queries read it under the lock: reading pads a short column
+        (a write), so it must find nothing left to pad."""
+        for log in self.tables.values():
+            for col in log.columns.values():
+                col.arrays(log.n)
+
     def clear(self) -> None:
         self.__init__()

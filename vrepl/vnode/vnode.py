@@ -410,6 +410,7 @@ class Vnode:
                 mem = self._mem
                 if not mem.rows:
                     return []
+                mem.seal()        # read outside the lock from here on: nothing left to pad
                 self._imem = mem
                 self._mem = Memtable()
                 old = self._store.manifest
