@@ -1,6 +1,6 @@
 """Replication benchmark: 3 node processes on 127.0.0.1, quorum 2, 128-byte records.
 
-    python bench/bench_replication.py [--records N] [--inflight N] [--latency N] [--failovers N]
+    python bench/bench_replication.py [--records N] [--inflight N] [--batch N] [--latency N] [--failovers N]
 
 Prints (issue 3 targets in brackets):
   * confirmed records/s with many forwards in flight, per vgroup        [>= 300,000/s]
@@ -31,17 +31,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from vrepl.testing.cluster import ProcessCluster  # noqa: E402
 
 
-def bench_steady(c: ProcessCluster, records: int, inflight: int, latency_n: int, rounds: int) -> None:
+def bench_steady(c: ProcessCluster, records: int, inflight: int, latency_n: int, rounds: int, batch: int = 0) -> None:
     m = c.wait_master(slaves=2, timeout_s=20)
     rates = []
+    how = f"forward_many() of {batch}" if batch else "forward() per record"
     for _ in range(rounds):
         t = time.monotonic()
-        c.send(m, f"bench_throughput {records} 128 {inflight}")
+        c.send(m, f"bench_throughput {records} 128 {inflight} {batch}")
         ev = c.wait_for("throughput", lambda: c.event(m, "bench", after=t, kind="throughput"), 300)
         rates.append(ev["records_per_s"])
         print(f"  throughput: {ev['records_per_s']:>10,.0f} confirmed records/s"
-              f" ({records} x 128 B, {inflight} in flight, {ev['seconds']:.2f} s, not ok {ev['other']})")
+              f" ({records} x 128 B, {inflight} in flight, {how}, {ev['seconds']:.2f} s, not ok {ev['other']})")
     print(f"throughput median {statistics.median(rates):,.0f} records/s, best {max(rates):,.0f}")
+    if latency_n <= 0:
+        return
     t = time.monotonic()
     c.send(m, f"bench_latency {latency_n} 128")
     ev = c.wait_for("latency", lambda: c.event(m, "bench", after=t, kind="latency"), 300)
@@ -86,6 +89,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--latency", type=int, default=5000)
     ap.add_argument("--failovers", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="forward records in runs of N with forward_many() (default 0: one forward() per record)")
     ap.add_argument("--inline-sync", type=int, default=0, metavar="BYTES",
                     help="wal_inline_sync_max_bytes (fsync small batches on the I/O thread; for fast-fsync storage)")
     args = ap.parse_args()
@@ -95,7 +100,7 @@ def main() -> int:
                             flow_control_lag_versions=10 * args.inflight,
                             wal_inline_sync_max_bytes=args.inline_sync) as c:
             c.start()
-            bench_steady(c, args.records, args.inflight, args.latency, args.rounds)
+            bench_steady(c, args.records, args.inflight, args.latency, args.rounds, args.batch)
             if args.failovers:
                 bench_failover(c, args.failovers, signal.SIGKILL)
                 bench_failover(c, args.failovers, signal.SIGSTOP)

@@ -7,9 +7,10 @@ app-facing calls and callbacks of the seed (syncForwardToPeer, syncAckForward, w
 confirmForward, notifyRole, notifyFlowControl, ...).
 
 Threads: everything that touches the replica runs on the I/O thread (vrepl.transport.loop,
-one per process). `forward()` and `ack_forward()` may be called from any thread: they append
-to a queue under a lock and wake the I/O thread only when the queue goes non-empty; the I/O
-thread drains the queue into ONE AppForwardBatch event per run of consecutive versions, which
+one per process). `forward()`, `forward_many()` and `ack_forward()` may be called from any
+thread: they append to a queue under a lock and wake the I/O thread only when the queue goes
+non-empty; the I/O thread drains the queue into ONE AppForwardBatch event per run of
+consecutive versions (cut at max_batch_records / max_batch_bytes, `batch_bounds`), which
 gives ONE WAL append and ONE ForwardBatch frame per follower. Callbacks are called on the I/O
 thread (docs/embedding.md §Callbacks and threads) and must not block.
 
@@ -29,7 +30,9 @@ import logging
 import os
 import threading
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Callable
 
 from vrepl import wal as _wal
@@ -93,6 +96,30 @@ core_log = logging.getLogger("vrepl.replica")
 ForwardStatus = ConfirmStatus  # ok / failed / timed_out / not_master, as confirm_forward reports
 PEER_MESSAGE_TYPES = (Status, Heartbeat, Forward, ForwardBatch, ForwardAck, SyncRequest, TruncateRequest, SyncStart)
 MAX_CATCH_UP_TICKS = 10_000  # after a long stall (SIGSTOP), ticks are replayed up to this many
+
+
+def batch_bounds(payloads: "list[bytes] | tuple[bytes, ...]", max_records: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Split a run of records into batches (one WAL append and one frame each): (start, end)
+    index pairs, in order, covering the run. Each batch takes records while it has fewer than
+    max_records and its payload bytes stay <= max_bytes; a batch always takes at least one
+    record (a record larger than max_bytes goes alone). The per-record work is C (a run from
+    forward_many() can hold 100,000 records): a full batch of max_records is taken when its
+    byte sum fits, otherwise the cut is found by bisection over cumulative sums."""
+    n = len(payloads)
+    out = []
+    start = 0
+    while start < n:
+        stop = min(n, start + max_records)
+        if sum(map(len, payloads[start:stop])) <= max_bytes:
+            end = stop
+        else:
+            cum = list(accumulate(map(len, payloads[start:stop])))
+            end = start + bisect_right(cum, max_bytes)
+            if end == start:
+                end = start + 1  # one record above max_bytes: alone
+        out.append((start, end))
+        start = end
+    return out
 
 
 class NotRunningError(VreplError, RuntimeError):
@@ -179,7 +206,9 @@ class SyncInstance:
         # The app-facing queue (any thread, under _qlock).
         self._qlock = threading.Lock()
         self._runs: list[tuple[int, list[bytes]]] = []
+        self._run_next: int | None = None  # the version that extends the last run in _runs
         self._queued = 0
+        self._max_inflight = config.max_inflight_forwards  # reconfig() cannot change it
         self._signalled = False
         self._app_acked = 0
         self._app_acked_fed = 0
@@ -261,19 +290,57 @@ class SyncInstance:
         if self._state != "running":
             raise NotRunningError(f"vg{self.cfg.vgroup_id}: forward() while {self._state} {self._failure}".rstrip())
         with self._qlock:
-            window = self.replica.window if self.replica is not None else None
-            inflight = self._queued + (len(window) if window is not None else 0)
-            if inflight >= self.cfg.max_inflight_forwards:
+            # The per-record path of every app: kept to a few attribute reads.
+            replica = self.replica
+            window = replica.window if replica is not None else None
+            queued = self._queued
+            inflight = queued + len(window) if window is not None else queued
+            if inflight >= self._max_inflight:
                 self.counters["forwards_refused_flow_control"] += 1
                 raise FlowControlError(
                     f"vg{self.cfg.vgroup_id}: {inflight} forwards queued or unconfirmed (max_inflight_forwards)"
                 )
-            runs = self._runs
-            if runs and runs[-1][0] + len(runs[-1][1]) == version:
-                runs[-1][1].append(payload)
+            if version == self._run_next:
+                self._runs[-1][1].append(payload)
             else:
-                runs.append((version, [payload]))
-            self._queued += 1
+                self._runs.append((version, [payload]))
+            self._run_next = version + 1
+            self._queued = queued + 1
+            if self._signalled:
+                return
+            self._signalled = True
+        self._signal()
+
+    def forward_many(self, first_version: int, payloads: "list[bytes] | tuple[bytes, ...]") -> None:
+        """forward() for a run of records: records first_version, first_version + 1, ... in
+        one call and under one lock (any thread; never blocks). The same as calling forward()
+        for each in order, except that flow control takes all or none: FlowControlError when
+        max_inflight_forwards would be exceeded, and then no version was taken. A run longer
+        than max_inflight_forwards can never be taken (ValueError). Each record is confirmed
+        through confirm_forward as usual (a range callback gets the run in one call)."""
+        if self._state != "running":
+            raise NotRunningError(f"vg{self.cfg.vgroup_id}: forward_many() while {self._state} {self._failure}".rstrip())
+        n = len(payloads)
+        if n == 0:
+            return
+        if n > self._max_inflight:
+            raise ValueError(f"vg{self.cfg.vgroup_id}: {n} records in one forward_many() exceed max_inflight_forwards"
+                             f" {self.cfg.max_inflight_forwards}")
+        with self._qlock:
+            window = self.replica.window if self.replica is not None else None
+            inflight = self._queued + (len(window) if window is not None else 0)
+            if inflight + n > self._max_inflight:
+                self.counters["forwards_refused_flow_control"] += n
+                raise FlowControlError(
+                    f"vg{self.cfg.vgroup_id}: {inflight} forwards queued or unconfirmed, {n} more exceed"
+                    " max_inflight_forwards"
+                )
+            if first_version == self._run_next:
+                self._runs[-1][1].extend(payloads)
+            else:
+                self._runs.append((first_version, list(payloads)))
+            self._run_next = first_version + n
+            self._queued += n
             if self._signalled:
                 return
             self._signalled = True
@@ -452,7 +519,7 @@ class SyncInstance:
             self._arb_conn = None
         # Nothing queued or pending will be confirmed now: say so.
         with self._qlock:
-            runs, self._runs, self._queued = self._runs, [], 0
+            runs, self._runs, self._queued, self._run_next = self._runs, [], 0, None
         for first, payloads in runs:
             self._confirm(first, first + len(payloads) - 1, ConfirmStatus.FAILED)
         if self.replica is not None and self.replica.window is not None:
@@ -638,6 +705,7 @@ class SyncInstance:
             if not self._signalled:
                 return
             runs, self._runs = self._runs, []
+            self._run_next = None
             self._queued = 0
             self._signalled = False
             acked = self._app_acked
@@ -659,14 +727,8 @@ class SyncInstance:
             if len(payloads) <= max_records and total <= max_bytes:
                 self._execute(replica.step(AppForwardBatch(first, tuple(payloads))))
                 continue
-            start = 0
-            while start < len(payloads):
-                end, size = start, 0
-                while end < len(payloads) and end - start < max_records and (end == start or size + len(payloads[end]) <= max_bytes):
-                    size += len(payloads[end])
-                    end += 1
+            for start, end in batch_bounds(payloads, max_records, max_bytes):
                 self._execute(replica.step(AppForwardBatch(first + start, tuple(payloads[start:end]))))
-                start = end
         self._flush()
 
     def _after(self) -> None:

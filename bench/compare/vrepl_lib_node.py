@@ -7,10 +7,11 @@ The replica is vrepl.testing.node_runner's Runner: a SyncInstance with its own W
 commit) and replication server, whose app on a slave acks every forwarded record at once
 (write_to_cache_batch -> ack_forward, after the WAL append is durable: the sync instance
 acks only durable records). The writers of both workloads run here, in the master's
-process, as threads calling `SyncInstance.forward()` (docs/embedding.md): a write is one
-record (key + value), a batch of N writes is N records forwarded back to back and waited
-for together. Confirmations arrive on the I/O thread (confirm_forward_range) and wake the
-writer whose last record they cover.
+process, as threads calling `SyncInstance.forward_many()` (docs/embedding.md): a write is
+one record (key + value); a single write is a run of one record, a batch of N writes is one
+`forward_many()` call of N records (the library's equivalent of N pipelined SETs and one
+WAIT), and the writer waits for all N together. Confirmations arrive on the I/O thread
+(confirm_forward_range) and wake the writer whose last record they cover.
 
 Protocol: one JSON object per line on stdin, one JSON reply per line on stdout:
     {"cmd": "status"}                    -> {"role": "master" | "slave" | ...}
@@ -31,7 +32,7 @@ import traceback
 
 class LibWriters:
     """Versions for writer threads and the wake-up of each one when its records are
-    confirmed. Versions must reach forward() strictly in order: one lock covers taking the
+    confirmed. Versions must reach forward_many() strictly in order: one lock covers taking the
     versions and forwarding them."""
 
     def __init__(self, inst) -> None:
@@ -63,16 +64,13 @@ class LibWriters:
             box[2] = first
             with self.wlock:
                 self.waiters[last] = box
-            v = first
-            for p in payloads:
-                while True:
-                    try:
-                        self.inst.forward(v, p)
-                        break
-                    except FlowControlError:
-                        ev.wait(0.0005)
-                v += 1
-            self.next_version = v
+            while True:   # the whole batch in one call (docs/embedding.md, forward_many)
+                try:
+                    self.inst.forward_many(first, payloads)
+                    break
+                except FlowControlError:
+                    ev.wait(0.0005)
+            self.next_version = last + 1
         if not ev.wait(10):
             with self.wlock:
                 self.waiters.pop(last, None)

@@ -125,7 +125,8 @@ def decode_forward_body(body, uint64_t first_version, uint32_t max_record_len):
     cdef Header h
     cdef int status
     cdef uint64_t prev_epoch, expect, last_epoch = 0
-    cdef object e, pl  # Python objects: the tuples take a reference to each
+    cdef object e = None, pl  # Python objects: the tuples take a reference to each
+    cdef uint64_t e_val = 0
     if first_version == 0:
         raise FrameError("forward: version 0 (versions start at 1)")
     PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
@@ -166,7 +167,11 @@ def decode_forward_body(body, uint64_t first_version, uint32_t max_record_len):
         for i in range(n):
             p = base + pos
             parse_header(p, max_record_len, &h)
-            e = h.epoch
+            if e is None or h.epoch != e_val:
+                # One int object per run of equal epochs (usually one per frame): cheaper,
+                # and tuple.count() on the epochs then compares by identity.
+                e = h.epoch
+                e_val = h.epoch
             Py_INCREF(e)
             PyTuple_SET_ITEM(epochs, i, e)
             pl = PyBytes_FromStringAndSize(<const char *>p + HEADER_SIZE, h.payload_len)

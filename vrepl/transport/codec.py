@@ -235,7 +235,7 @@ def encode(msg: WireMessage, block: bytes | None = None) -> bytes:
 
 
 def _encode_records(first_version: int, epochs: tuple[int, ...], payloads: tuple[bytes, ...]) -> bytes:
-    if epochs and epochs[0] == epochs[-1] and len(set(epochs)) == 1:
+    if epochs and epochs[0] == epochs[-1] and epochs.count(epochs[0]) == len(epochs):
         return _rec.encode_batch(DATA_MSG_TYPE, first_version, epochs[0], payloads)
     return _wire.encode_records(first_version, epochs, payloads, DATA_MSG_TYPE)
 
