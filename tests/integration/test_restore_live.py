@@ -153,8 +153,11 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
         last = 0
         for k in range(0, 2000, 100):
             last = m.write(rows_for(k, 100, "a") + rows_for(k, 100, "b"))
-        m.wait_confirmed(last)
+            # One record per WAL append, so the 16 KiB WAL files rotate and the flush can
+            # recycle all but the last: writes queued together land in one block, one file.
+            m.wait_confirmed(last)
         m.flush()
+        wait_for(lambda: m.inst.store.first_version_or(0) > 1, what="the WAL recycled below the flush")
         real_send = S.Sender._send_file
         fired = []
 

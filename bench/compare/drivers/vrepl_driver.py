@@ -13,8 +13,8 @@ durable and the record applied).
                 built on vrepl.testing.node_runner: a slave's app acks each record at once),
                 writers are threads in the master's process calling forward() (the library
                 API of docs/embedding.md). A write is one record (key + value bytes); a batch
-                of N writes is N records forwarded back to back, then waited for together
-                (N records in the log, like Redis's N SETs + WAIT).
+                of N writes is N records in one forward_many() call, then waited for together
+                (N records in the log, like Redis's N pipelined SETs + WAIT).
 
 fsync modes (stated in fsync_setting): vrepl's WAL always commits in groups: one write() and
 ONE fdatasync per append call, covering every record the I/O thread collected since the
@@ -169,7 +169,8 @@ class VreplClientDriver(Driver):
 class VreplLibDriver(Driver):
     name = "vrepl-lib"
     is_vrepl = True
-    client_mode = "threads in the master's process calling SyncInstance.forward()"
+    client_mode = ("threads in the master's process calling SyncInstance.forward()"
+                   " (one write) or forward_many() (a batch)")
 
     def __init__(self):
         self.nodes: list[subprocess.Popen] = []
