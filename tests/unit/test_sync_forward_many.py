@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from vrepl.config import ReplicaAddress, SyncConfig
 from vrepl.replica import ConfirmStatus
 from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance
-from vrepl.testing.cluster import free_port
 from vrepl.wal import read_records
 
+# The group helpers of the embedding API's main tests (same directory, imported by name).
+from test_sync import make_group, stop_all, wait_master  # noqa: E402
+
 pytestmark = pytest.mark.timeout(30)
-SECRET = b"unit-secret"
 
 
 class App:
@@ -53,15 +53,6 @@ class App:
             return self.status_of(version)  # type: ignore[return-value]
 
 
-def make_group(tmp_path, n=3, **opts):
-    ports = sorted(free_port() for _ in range(n))
-    replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
-    return [
-        SyncConfig(vgroup_id=12, replicas=replicas, self_index=i, data_path=str(tmp_path / f"n{i + 1}"), secret=SECRET, **opts)
-        for i in range(n)
-    ]
-
-
 def start(cfgs):
     apps, insts = {}, {}
     for i in range(len(cfgs)):
@@ -71,24 +62,6 @@ def start(cfgs):
         inst.start()
         apps[i], insts[i] = app, inst
     return apps, insts
-
-
-def wait_master(insts, timeout_s=10.0, slaves=None):
-    deadline = time.monotonic() + timeout_s
-    slaves = len(insts) - 1 if slaves is None else slaves
-    roles: dict = {}
-    while time.monotonic() < deadline:
-        roles = {i: x.roles()["role"] for i, x in insts.items()}
-        masters = [i for i, r in roles.items() if r == "master"]
-        if len(masters) == 1 and sum(r == "slave" for r in roles.values()) >= slaves:
-            return masters[0]
-        time.sleep(0.02)
-    raise TimeoutError(f"no master: {roles}")
-
-
-def stop_all(insts):
-    for x in insts.values():
-        x.stop()
 
 
 def covered_in_order(ranges) -> list[int]:
