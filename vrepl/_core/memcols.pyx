@@ -27,6 +27,8 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
 from libc.math cimport isfinite
 
+from vrepl._core.rows cimport table_known
+
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
     Py_ssize_t Py_REFCNT(PyObject* o)
@@ -434,11 +436,27 @@ cdef class TableLog:
                    object schema):
         self.append(ts, version, epoch, values, schema)
 
+    def seal(self):
+        """Pad every column to n rows: reading the log afterwards writes nothing."""
+        cdef Column col
+        for col in self.columns.values():
+            col.pad(self.n)
+
     def arrays(self):
         """(ts, version, epoch) int64 numpy arrays of the n rows (views, never changed)."""
         n = self.n
         return (self.ts.view(np.int64)[:n], self.version.view(np.int64)[:n],
                 self.epoch.view(np.int64)[:n])
+
+
+cdef inline TableLog _log_of(dict tables, object table):
+    """The table's log in `tables`, created on first use."""
+    cdef PyObject* p = PyDict_GetItem(tables, table)
+    if p is not NULL:
+        return <TableLog>p
+    log = TableLog()
+    tables[table] = log
+    return log
 
 
 def apply_rows(dict tables, object rows, int64_t version, int64_t epoch, object schemas):
@@ -455,12 +473,7 @@ def apply_rows(dict tables, object rows, int64_t version, int64_t epoch, object 
         sch_of = dict(schemas)
     for row in rows:
         table = row[0]
-        p = PyDict_GetItem(tables, table)
-        if p is NULL:
-            log = TableLog()
-            tables[table] = log
-        else:
-            log = <TableLog>p
+        log = _log_of(tables, table)
         p = PyDict_GetItem(sch_of, table) if sch_of is not None else NULL
         sch = <object>p if p is not NULL else None
         log.append(PyLong_AsLongLong(row[1]), version, epoch, <dict?>row[2], sch)
@@ -527,6 +540,13 @@ cdef class _Parser:
             self.i += 1
             return True
         return False
+
+    cdef inline bint word(self, const char* w, Py_ssize_t n) noexcept:
+        """Consume the literal w[:n] if it comes next."""
+        if self.n - self.i < n or memcmp(self.p + self.i, w, n) != 0:
+            return False
+        self.i += n
+        return True
 
     cdef Py_ssize_t string(self, Py_ssize_t* start) noexcept:
         """A plain string (printable ASCII, no escapes): its length, start in *start; -1 if
@@ -681,29 +701,12 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
         if not same_table:
             table = PyUnicode_DecodeUTF8(<const char*>ps.p + t0, tl, NULL)
             # the table's schema and log
-            known = None
-            if sch is not None:
-                q = PyDict_GetItem(sch, table)
-                if q is not NULL:
-                    known = <object>q
-                    if type(known) is not dict:
-                        return None
+            known = table_known(sch, added, table, limits, tcount, max_tables, &new_tables)
+            if known is None:
+                return None
             q = PyDict_GetItem(added, table)
             new_cols = <object>q if q is not NULL else None
-            if known is None:
-                known = {}
-                if new_cols is None:
-                    new_tables += 1
-                    if limits and tcount >= 0 and tcount + new_tables > max_tables:
-                        return None
-                    new_cols = {}
-                    added[table] = new_cols
-            q = PyDict_GetItem(tables, table)
-            if q is NULL:
-                log = TableLog()
-                tables[table] = log
-            else:
-                log = <TableLog>q
+            log = _log_of(tables, table)
         row = log.n
         size = ROW_OVERHEAD_BYTES + tl
         nvals = 0
@@ -737,24 +740,15 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
                     return None
                 vtype = T_STR
                 size += L
-            elif c == 116:                                # true
-                if ps.n - ps.i < 4 or memcmp(ps.p + ps.i, b"true", 4) != 0:
+            elif c == 116 or c == 102:                    # true, false
+                iv = 1 if c == 116 else 0
+                if not ps.word(b"true" if iv else b"false", 4 if iv else 5):
                     return None
-                ps.i += 4
                 vtype = T_BOOL
-                iv = 1
-                size += 1
-            elif c == 102:                                # false
-                if ps.n - ps.i < 5 or memcmp(ps.p + ps.i, b"false", 5) != 0:
-                    return None
-                ps.i += 5
-                vtype = T_BOOL
-                iv = 0
                 size += 1
             elif c == 110:                                # null
-                if ps.n - ps.i < 4 or memcmp(ps.p + ps.i, b"null", 4) != 0:
+                if not ps.word(b"null", 4):
                     return None
-                ps.i += 4
                 vtype = None
             elif c == 45 or 48 <= c <= 57:                # a number
                 j = ps.i

@@ -69,6 +69,27 @@ cdef inline bint _column_ok(object col):
     return True
 
 
+cdef object table_known(dict schemas, dict added, object table, bint limits,
+                        Py_ssize_t table_count, Py_ssize_t max_tables,
+                        Py_ssize_t* new_tables):
+    """The known columns of a batch's table ({} for a table the schemas lack), or None to
+    refuse the batch. A table new to the schemas counts once against max_tables (with
+    limits and a table_count >= 0) and gets an entry in `added` for its new columns."""
+    cdef PyObject* p
+    cdef object known
+    if schemas is not None:
+        p = PyDict_GetItem(schemas, table)
+        if p is not NULL:
+            known = <object>p
+            return known if type(known) is dict else None
+    if PyDict_GetItem(added, table) is NULL:
+        new_tables[0] += 1
+        if limits and table_count >= 0 and table_count + new_tables[0] > max_tables:
+            return None
+        added[table] = {}
+    return {}
+
+
 def fast_check(object rows, object schemas, bint limits, long long ts_lo, long long ts_hi,
                Py_ssize_t max_rows, Py_ssize_t max_row_bytes, Py_ssize_t max_batch_bytes,
                Py_ssize_t max_columns, Py_ssize_t max_tables, object table_count):
@@ -112,23 +133,12 @@ def fast_check(object rows, object schemas, bint limits, long long ts_lo, long l
             return None
         if type(values) is not dict or len(<dict>values) == 0:
             return None
-        known = None
-        if schemas is not None:
-            p = PyDict_GetItem(<dict>schemas, table)
-            if p is not NULL:
-                known = <object>p
-                if type(known) is not dict:
-                    return None
+        known = table_known(<dict>schemas, added, table, limits, tcount, max_tables,
+                            &new_tables)
+        if known is None:
+            return None
         p = PyDict_GetItem(added, table)
         new_cols = <object>p if p is not NULL else None
-        if known is None:
-            known = {}
-            if new_cols is None:
-                new_tables += 1
-                if limits and tcount >= 0 and tcount + new_tables > max_tables:
-                    return None
-                new_cols = {}
-                added[table] = new_cols
         size = ROW_OVERHEAD_BYTES + PyUnicode_GET_LENGTH(table)
         pos = 0
         while PyDict_Next(<dict>values, &pos, &kp, &vp):

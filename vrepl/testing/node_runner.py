@@ -59,6 +59,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def sync_config(c: dict) -> SyncConfig:
+    """The SyncConfig of a node process's JSON config (the keys in the module doc)."""
+    return SyncConfig(
+        vgroup_id=c["vgroup_id"],
+        replicas=tuple((r[0], r[1]) for r in c["replicas"]),
+        self_index=c["self_index"],
+        data_path=c["data_path"],
+        secret=c["secret"].encode(),
+        quorum=c.get("quorum", 0),
+        arbitrator=c.get("arbitrator"),
+        **c.get("options", {}),
+    )
+
+
 class Runner:
     def __init__(self, conf: dict) -> None:
         self.conf = conf
@@ -88,17 +102,7 @@ class Runner:
         emit("role", role=role, epoch=epoch, master=master)
 
     def start(self) -> None:
-        c = self.conf
-        cfg = SyncConfig(
-            vgroup_id=c["vgroup_id"],
-            replicas=tuple((r[0], r[1]) for r in c["replicas"]),
-            self_index=c["self_index"],
-            data_path=c["data_path"],
-            secret=c["secret"].encode(),
-            quorum=c.get("quorum", 0),
-            arbitrator=c.get("arbitrator"),
-            **c.get("options", {}),
-        )
+        cfg = sync_config(self.conf)
         cb = SyncCallbacks(
             write_to_cache_batch=self.write_to_cache_batch,
             confirm_forward_range=self.confirm_forward_range,

@@ -153,8 +153,7 @@ class Memtable:
         the vnode lock while queries read it under the lock: reading pads a short column
         (a write), so it must find nothing left to pad."""
         for log in self.tables.values():
-            for col in log.columns.values():
-                col.arrays(log.n)
+            log.seal()
 
     def clear(self) -> None:
         self.__init__()

@@ -20,7 +20,6 @@ A flush holds the lock while it writes Parquet: writes wait for it (docs/vnode.m
 from __future__ import annotations
 
 import copy
-import json
 import os
 import threading
 import time
@@ -162,12 +161,7 @@ class Vnode:
             self._check_open()
             staged = R.parse_staged(body, self.config, self._schemas, len(self._schemas))
             if staged is not None:
-                payload = R.encode_payload(body, request_id)
-                if len(payload) > self.config.max_payload_bytes:
-                    return (f"encoded batch is {len(payload)} bytes, above max_payload_bytes"
-                            f" {self.config.max_payload_bytes}"), [], b""
-                self._add_columns(staged.added)
-                return None, staged, payload
+                return self._prepared(body, request_id, staged, staged.added)
         # Not the fast parser's kind of body: the reference path decides and explains.
         try:
             rows = R.loads_json(body)
@@ -183,12 +177,18 @@ class Vnode:
                                             len(self._schemas))
             if reason is not None:
                 return reason, [], b""
-            payload = R.encode_payload(body, request_id)
-            if len(payload) > self.config.max_payload_bytes:
-                return (f"encoded batch is {len(payload)} bytes, above max_payload_bytes"
-                        f" {self.config.max_payload_bytes}"), [], b""
-            self._add_columns(added)
-            return None, rows, payload
+            return self._prepared(body, request_id, rows, added)
+
+    def _prepared(self, body: bytes, request_id: str | None, rows: Any,
+                  added: dict[str, dict[str, str]]) -> tuple[str | None, Any, bytes]:
+        """prepare_raw's answer for checked rows (lock held): the payload, or the reason
+        it is too big; the batch's new columns are reserved only when it is accepted."""
+        payload = R.encode_payload(body, request_id)
+        if len(payload) > self.config.max_payload_bytes:
+            return (f"encoded batch is {len(payload)} bytes, above max_payload_bytes"
+                    f" {self.config.max_payload_bytes}"), [], b""
+        self._add_columns(added)
+        return None, rows, payload
 
     def apply_prepared(self, version: int, epoch: int, rows: Sequence[Sequence[Any]],
                        nbytes: int, request_id: str | None = None) -> bool:

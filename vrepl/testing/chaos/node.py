@@ -32,11 +32,10 @@ import sys
 import threading
 import time
 
-from vrepl.config import SyncConfig
 from vrepl.errors import VreplError
 from vrepl.replica import ConfirmStatus
 from vrepl.sync import SyncCallbacks, SyncInstance
-from vrepl.testing.node_runner import emit, run_node_process
+from vrepl.testing.node_runner import emit, run_node_process, sync_config
 
 PAYLOAD_PREFIX = b"chaos|"
 DRAIN_WAIT_S = 5.0     # longest wait for unanswered forwards before re-reading the log end
@@ -172,16 +171,7 @@ class ChaosNode:
 
     def start(self) -> None:
         c = self.conf
-        cfg = SyncConfig(
-            vgroup_id=c["vgroup_id"],
-            replicas=tuple((r[0], r[1]) for r in c["replicas"]),
-            self_index=c["self_index"],
-            data_path=c["data_path"],
-            secret=c["secret"].encode(),
-            quorum=c.get("quorum", 0),
-            arbitrator=c.get("arbitrator"),
-            **c.get("options", {}),
-        )
+        cfg = sync_config(c)
         cb = SyncCallbacks(
             write_to_cache_batch=self.write_to_cache_batch,
             confirm_forward_range=self.confirm_forward_range,
