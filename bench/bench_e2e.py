@@ -1,10 +1,13 @@
 """End-to-end figures through the client API (issue 4 targets).
 
     python bench/bench_e2e.py [--duration 10] [--clients 16] [--dir /dev/shm/x] [--json]
+                              [--replicas 3]
 
 Starts 3 `vrepl node` processes on 127.0.0.1 (one vgroup, quorum 2, logs at WARNING) in a
 temporary directory (or --dir: e.g. tmpfs to take the disk out), waits for a master and two
-slaves, then runs the load generator (vrepl/node/loadgen.py) in this process:
+slaves, then runs the load generator (vrepl/node/loadgen.py) in this process. `--replicas
+N` runs N nodes with a majority quorum instead (1: what HTTP, JSON and the vnode cost
+without replication):
 
 1. throughput: `--clients` concurrent keep-alive connections, batches of 100 rows of ~100
    JSON bytes, confirmed rows/s (target >= 200,000);
@@ -66,19 +69,23 @@ def main() -> int:
     ap.add_argument("--latency-duration", type=float, default=5.0)
     ap.add_argument("--dir", help="base directory (default: a temporary one)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--replicas", type=int, default=3, help="nodes (quorum: a majority)")
     args = ap.parse_args()
+    if not 1 <= args.replicas <= 9:
+        ap.error("--replicas takes 1 to 9")
     base = tempfile.mkdtemp(prefix="vrepl-e2e-", dir=args.dir)
-    cluster = LocalCluster(base, 3, vgroup=1, quorum=2, log_level="WARNING")
+    cluster = LocalCluster(base, args.replicas, vgroup=1, quorum=args.replicas // 2 + 1,
+                           log_level="WARNING")
     try:
         cluster.start()
         cluster.wait_ready()
-        cluster.wait_master(slaves=2)
+        cluster.wait_master(slaves=args.replicas - 1)
         load = os.getloadavg()
         per_node: dict = {}
         thr, nodes_cpu, gen_cpu = _measure(cluster, lambda: run_load(
             cluster.endpoints, 1, args.clients, args.batch, args.row_bytes, args.duration, 1.0),
             per_node)
-        # CPU per confirmed row (3 nodes + load generator; the warm-up second is included in
+        # CPU per confirmed row (the nodes + load generator; the warm-up second is included in
         # the CPU but not in the rows, so this slightly overstates the cost).
         rows_all = thr.rows * (args.duration + 1.0) / args.duration
         cpu_us_per_row = (nodes_cpu + gen_cpu) / max(1, rows_all) * 1e6
@@ -91,12 +98,13 @@ def main() -> int:
                "cpu_s_nodes": nodes_cpu, "cpu_s_loadgen": gen_cpu,
                "cpu_us_per_row": cpu_us_per_row, "cpu_us_per_row_by_process": split,
                "cpu_bound_rows_per_s": bound,
-               "loadavg_before": load, "dir": base}
+               "loadavg_before": load, "dir": base, "replicas": args.replicas}
         if args.json:
             print(json.dumps(out))
         else:
             print(f"machine: {os.cpu_count()} CPUs, load average before the run"
-                  f" {load[0]:.2f}; data in {base}")
+                  f" {load[0]:.2f}; {args.replicas} nodes, quorum {args.replicas // 2 + 1};"
+                  f" data in {base}")
             print("throughput: " + thr.describe())
             print(f"  target >= 200,000 rows/s: {'met' if thr.rows_per_s >= 200_000 else 'NOT met'}")
             print(f"  CPU: nodes {nodes_cpu:.1f} s + load generator {gen_cpu:.1f} s ="

@@ -3,7 +3,9 @@
 `latency_loop` and `throughput_loop` only need a Client; `run_client_processes` runs one
 throughput loop per client process (multiprocessing, spawn context: each client has its own
 interpreter and GIL, like an application's independent clients would), starts them together
-and sums their rates. Keys are unique per client and write; values are fixed random bytes of
+and sums their rates. `latency_loop_async`, `throughput_loop_async` and
+`run_client_coroutines` run the same workloads (one generator per workload holds the
+timing and counting for both) for writers that are coroutines on an event loop. Keys are unique per client and write; values are fixed random bytes of
 the requested size, the same for every system.
 """
 from __future__ import annotations
@@ -34,13 +36,50 @@ def _note_error(kinds: dict, exc: Exception) -> None:
         kinds[kind] = kinds.get(kind, 0) + 1
 
 
-def latency_loop(client, spec) -> dict:
-    """Workload (a): warm-up writes, then spec.count writes timed one by one."""
+async def _drive_async(plan, write):
+    """Run a workload plan with a writer that is a coroutine function. A plan is a
+    generator that yields (strict, args) for each write to make, is sent None or the
+    write's exception, and returns its figures; a strict write's failure (a warm-up write)
+    stops the run."""
+    step = next(plan)
+    while True:
+        strict, args = step
+        result = None
+        try:
+            await write(*args)
+        except Exception as exc:
+            if strict:
+                raise
+            result = exc
+        try:
+            step = plan.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _drive(plan, write):
+    """_drive_async with a blocking writer: the coroutine never suspends, so one send()
+    runs it to the end, with no event loop (about a microsecond per write)."""
+    async def write_now(*args):
+        write(*args)
+
+    coro = _drive_async(plan, write_now)
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a blocking writer suspended the workload")
+
+
+def _latency_plan(spec):
+    """Workload (a) as a plan (see _drive): warm-up writes, then spec.count writes, each
+    timed from its yield to the resume."""
     value = make_value(spec.value_size)
     errors = 0
     kinds: dict = {}
     for i in range(spec.warmup):
-        client.write_one(make_key(0, i), value)
+        yield True, (make_key(0, i), value)
     lat_ns = []
     clock = time.perf_counter_ns
     limit_ns = clock() + int(spec.time_limit_s * 1e9)
@@ -51,13 +90,13 @@ def latency_loop(client, spec) -> dict:
             break
         key = make_key(0, i)
         t0 = clock()
-        try:
-            client.write_one(key, value)
-        except Exception as exc:
+        exc = yield False, (key, value)
+        t1 = clock()
+        if exc is not None:
             errors += 1
             _note_error(kinds, exc)
             continue
-        lat_ns.append(clock() - t0)
+        lat_ns.append(t1 - t0)
     out = summarize_latencies_ns(lat_ns)
     out["errors"] = errors
     out["error_kinds"] = kinds
@@ -65,10 +104,19 @@ def latency_loop(client, spec) -> dict:
     return out
 
 
-def throughput_loop(client, spec, client_id: int, start_at: float | None = None) -> dict:
-    """Workload (b) for one client: batches for warmup_s (uncounted), then for duration_s.
-    start_at is a time.time() at which to begin, so clients in several processes start
-    together (time.time, unlike perf_counter, is comparable across processes)."""
+def latency_loop(client, spec) -> dict:
+    """Workload (a): warm-up writes, then spec.count writes timed one by one."""
+    return _drive(_latency_plan(spec), client.write_one)
+
+
+async def latency_loop_async(write_one, spec) -> dict:
+    """latency_loop for a writer that is a coroutine function write_one(key, value)."""
+    return await _drive_async(_latency_plan(spec), write_one)
+
+
+def _throughput_plan(spec, client_id: int):
+    """Workload (b) for one client as a plan (see _drive): batches for warmup_s (uncounted),
+    then for duration_s; returns the client's figures."""
     value = make_value(spec.value_size, seed=client_id)
     seq = 0
     errors = 0
@@ -80,20 +128,16 @@ def throughput_loop(client, spec, client_id: int, start_at: float | None = None)
         seq += spec.batch
         return items
 
-    if start_at is not None:
-        time.sleep(max(0.0, start_at - time.time()))
     clock = time.perf_counter
     end_warmup = clock() + spec.warmup_s
     while clock() < end_warmup:
-        client.write_batch(batch())
+        yield True, (batch(),)
     t0 = clock()
     end = t0 + spec.duration_s
     batches = 0
     while True:
-        items = batch()
-        try:
-            client.write_batch(items)
-        except Exception as exc:
+        exc = yield False, (batch(),)
+        if exc is not None:
             errors += 1
             _note_error(kinds, exc)
         else:
@@ -104,6 +148,30 @@ def throughput_loop(client, spec, client_id: int, start_at: float | None = None)
     elapsed = now - t0
     return {"client": client_id, "batches": batches, "writes": batches * spec.batch,
             "elapsed_s": elapsed, "errors": errors, "error_kinds": kinds}
+
+
+def throughput_loop(client, spec, client_id: int, start_at: float | None = None) -> dict:
+    """Workload (b) for one client: batches for warmup_s (uncounted), then for duration_s.
+    start_at is a time.time() at which to begin, so clients in several processes start
+    together (time.time, unlike perf_counter, is comparable across processes)."""
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+    return _drive(_throughput_plan(spec, client_id), client.write_batch)
+
+
+async def throughput_loop_async(write_batch, spec, client_id: int) -> dict:
+    """throughput_loop for a writer that is a coroutine function write_batch(items); the
+    clients of one event loop start together, so there is no start_at."""
+    return await _drive_async(_throughput_plan(spec, client_id), write_batch)
+
+
+async def run_client_coroutines(write_batch, spec) -> dict:
+    """Workload (b) with one coroutine per client on the running event loop (vrepl at
+    library level with its writers on the instance's I/O loop)."""
+    import asyncio
+    results = await asyncio.gather(*[throughput_loop_async(write_batch, spec, i)
+                                     for i in range(spec.clients)])
+    return finish_throughput(list(results), spec)
 
 
 def _client_main(factory, spec, client_id, start_at, queue) -> None:

@@ -135,9 +135,36 @@ def test_report_without_vrepl_says_so_and_ratios_are_na():
 def test_report_ratios_are_vrepl_over_peer_in_the_same_mode():
     md = report.render_markdown(_results(vrepl_measured=True))
     lat = _row(md, "fsync per write / batch", "redis", "200 µs")
-    assert "| 0.50x / 0.50x | n/a / n/a |" in lat
+    assert "| 0.50x / 0.50x | n/a / n/a | n/a / n/a |" in lat
     thr = _row(md, "fsync per write / batch", "redis", "200,000")
-    assert thr.endswith("| 4.00x | n/a |")
+    assert thr.endswith("| 4.00x | n/a | n/a |")
+
+
+def test_report_has_a_ratio_column_per_vrepl_shape():
+    res = _results(vrepl_measured=True)
+    res["systems"]["vrepl-lib-1rec"] = {
+        "is_vrepl": True, "skipped": None,
+        "modes": {"fsync": {"setting": {"description": "d", "per_write": True},
+                            "latency": {"count": 10, "p50_us": 300, "p99_us": 400,
+                                        "p999_us": 500, "errors": 0},
+                            "throughput": {"writes_per_s": 1.2e6, "errors": 0}}}}
+    md = report.render_markdown(res)
+    header = next(line for line in md.splitlines() if line.startswith("| fsync | system | writes/s"))
+    assert header.endswith("| vrepl-client / peer | vrepl-lib / peer | vrepl-lib-1rec / peer |")
+    thr = _row(md, "fsync per write / batch", "redis", "200,000")
+    assert thr.endswith("| 4.00x | n/a | 6.00x |")
+
+
+def test_packed_writes_round_trip_and_reject_truncation():
+    from bench.compare.vrepl_lib_node import pack_writes, unpack_writes
+    from bench.compare.workload import make_key, make_value
+    items = [(make_key(2, i), make_value(100, seed=i)) for i in range(100)] + [(b"k", b"")]
+    record = pack_writes(items)
+    assert len(record) == sum(4 + len(k) + len(v) for k, v in items)
+    assert unpack_writes(record) == [k + v for k, v in items]
+    assert unpack_writes(b"") == []
+    with pytest.raises(ValueError, match="truncated"):
+        unpack_writes(record[:-1])
 
 
 def test_update_doc_replaces_only_the_generated_section(tmp_path):
@@ -173,8 +200,9 @@ def test_smoke_redis_run_measures_and_leaves_nothing(tmp_path):
 def test_vrepl_drivers_are_plugged_in_first():
     from bench.compare.run import all_drivers
     names = [d.name for d in all_drivers()]
-    assert names[:2] == ["vrepl-client", "vrepl-lib"]
-    assert all(d.is_vrepl for d in all_drivers()[:2])
+    assert names[:4] == ["vrepl-client", "vrepl-lib", "vrepl-lib-1rec", "vrepl-lib-threads"]
+    assert all(d.is_vrepl for d in all_drivers()[:4])
+    assert not any(d.is_vrepl for d in all_drivers()[4:])
 
 
 def test_vrepl_client_rows_carry_the_key_as_table_and_ts():
@@ -189,23 +217,122 @@ def test_vrepl_client_rows_carry_the_key_as_table_and_ts():
     assert "group commit" in _fsync_setting(True).description
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(200)
 def test_smoke_vrepl_drivers_measure_and_leave_nothing(tmp_path):
     out = tmp_path / "v.json"
     shm_before = {p.name for p in Path("/dev/shm").glob("vrepl-compare-*")}
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.compare", "--systems", "vrepl-client,vrepl-lib",
+        [sys.executable, "-m", "bench.compare", "--systems",
+         "vrepl-client,vrepl-lib,vrepl-lib-1rec,vrepl-lib-threads",
          "--modes", "nofsync", "--count", "30", "--warmup", "5", "--duration", "0.3",
          "--warmup-s", "0.1", "--clients", "2", "--batch", "10", "--no-docs", "--no-install",
          "--workdir", str(tmp_path), "--json", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=110)
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=190)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
-    for name in ("vrepl-client", "vrepl-lib"):
+    for name in ("vrepl-client", "vrepl-lib", "vrepl-lib-1rec", "vrepl-lib-threads"):
         mode = res["systems"][name]["modes"]["nofsync"]
         assert mode["latency"]["count"] == 30 and mode["latency"]["errors"] == 0, name
         assert mode["throughput"]["writes_per_s"] > 0 and mode["throughput"]["errors"] == 0
+    # The batch shapes: vrepl-lib logs a record per write, vrepl-lib-1rec one per batch of 10
+    # (warm-up batches included in records_forwarded, not in writes).
+    one = res["systems"]["vrepl-lib-1rec"]["modes"]["nofsync"]
+    for name in ("vrepl-lib", "vrepl-lib-threads"):
+        lib = res["systems"][name]["modes"]["nofsync"]
+        assert lib["latency"]["records_forwarded"] == 35 == one["latency"]["records_forwarded"]
+        assert lib["throughput"]["records_forwarded"] >= lib["throughput"]["writes"]
+        assert lib["throughput"]["records_forwarded"] % 10 == 0
+    assert 0 < one["throughput"]["records_forwarded"] * 10 - one["throughput"]["writes"]
+    assert one["throughput"]["records_forwarded"] * 10 < 3 * one["throughput"]["writes"] + 1000
     assert res["leftover_processes"] == []
     assert not any(p.name.startswith("vrepl-compare-") for p in tmp_path.iterdir())
     shm_after = {p.name for p in Path("/dev/shm").glob("vrepl-compare-*")}
     assert not shm_after - shm_before, "tmpfs data directories left behind"
+
+
+class _Inst:
+    """Just enough of a SyncInstance for the writers' bookkeeping."""
+
+    def roles(self):
+        return {"last_version": 41}
+
+
+def test_lib_writers_wake_exactly_the_confirmed_waiters_and_mark_failed_ranges():
+    import asyncio
+    import threading
+    from bench.compare.vrepl_lib_node import LoopWriters, ThreadWriters
+    from vrepl.replica import ConfirmStatus
+
+    async def scenario():
+        w = LoopWriters(_Inst())
+        loop = asyncio.get_running_loop()
+        boxes = []
+        for n in (2, 3, 1):   # ranges 42..43, 44..46, 47
+            fut = loop.create_future()
+            boxes.append((fut, w._register([b"x"] * n, fut)))
+            w.next_version = boxes[-1][1][1] + 1
+        w.on_confirm(42, 44, ConfirmStatus.OK)       # covers 42..43 only as a whole range
+        assert boxes[0][0].done() and not boxes[1][0].done() and not boxes[2][0].done()
+        w.on_confirm(45, 47, ConfirmStatus.FAILED)   # overlaps 44..46 and 47
+        assert boxes[1][0].done() and boxes[2][0].done()
+        assert boxes[0][1][2][1] is None
+        assert "failed" in boxes[1][1][2][1] and "failed" in boxes[2][1][2][1]
+        assert w.waiters == {}
+
+    asyncio.run(scenario())
+    t = ThreadWriters(_Inst())
+    held = threading.Lock()
+    held.acquire()
+    first, last, box = t._register([b"a", b"b"], held)
+    assert (first, last) == (42, 43)
+    t.on_confirm(42, 42, ConfirmStatus.OK)
+    assert held.locked()                              # its last record is not confirmed yet
+    t.on_confirm(43, 43, ConfirmStatus.OK)
+    assert not held.locked() and box[1] is None
+
+
+
+def test_workload_loops_count_failures_the_same_blocking_and_async():
+    import asyncio
+    from bench.compare.drivers.base import LatencySpec, ThroughputSpec
+    from bench.compare.workload import (latency_loop, latency_loop_async, run_client_coroutines,
+                                        throughput_loop)
+
+    class Flaky:
+        def __init__(self):
+            self.calls = 0
+
+        def write_one(self, key, value):
+            self.calls += 1
+            if self.calls > 2 and self.calls % 3 == 0:   # the 2 warm-up writes succeed
+                raise ConnectionError("boom")
+
+        def write_batch(self, items):
+            assert len(items) == 4 and len({k for k, _ in items}) == 4
+            self.write_one(items[0][0], items[0][1])
+
+    spec = LatencySpec(count=30, warmup=2, value_size=8)
+    blocking = latency_loop(Flaky(), spec)
+    flaky = Flaky()
+
+    async def write_one(key, value):
+        flaky.write_one(key, value)
+
+    asynced = asyncio.run(latency_loop_async(write_one, spec))
+    for out in (blocking, asynced):
+        assert out["count"] == 20 and out["errors"] == 10
+        assert out["error_kinds"] == {"ConnectionError: boom": 10}
+    with pytest.raises(ConnectionError):    # a failed warm-up write stops the run
+        latency_loop(Flaky(), LatencySpec(count=1, warmup=3, value_size=8))
+
+    tspec = ThroughputSpec(clients=2, batch=4, value_size=8, duration_s=0.05, warmup_s=0.0)
+    one = throughput_loop(Flaky(), tspec, client_id=1)
+    assert one["batches"] > 0 and one["errors"] > 0 and one["writes"] == 4 * one["batches"]
+    clients = [Flaky(), Flaky()]
+
+    async def write_batch(items):
+        clients[int(items[0][0][1:3])].write_batch(items)   # key b"c01-...": client 1
+
+    both = asyncio.run(run_client_coroutines(write_batch, tspec))
+    assert both["clients"] == 2 and both["writes"] > 0
+    assert both["error_kinds"] and all(c.calls > 0 for c in clients)

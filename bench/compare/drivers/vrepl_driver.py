@@ -11,10 +11,18 @@ durable and the record applied).
                 rows, i.e. ONE WAL record (like an etcd txn or a PySyncObj update).
   vrepl-lib     3 processes each embedding a SyncInstance (bench/compare/vrepl_lib_node.py,
                 built on vrepl.testing.node_runner: a slave's app acks each record at once),
-                writers are threads in the master's process calling forward() (the library
-                API of docs/embedding.md). A write is one record (key + value bytes); a batch
-                of N writes is N records in one forward_many() call, then waited for together
-                (N records in the log, like Redis's N pipelined SETs + WAIT).
+                writers are coroutines on the master's I/O loop calling forward_many() (the
+                library API of docs/embedding.md, used as the vrepl node uses it). A write
+                is one record (key + value bytes); a batch of N writes is N records in one
+                forward_many() call, then waited for together (N records in the log, like
+                Redis's N pipelined SETs + WAIT).
+  vrepl-lib-1rec
+                vrepl-lib with a batch of N writes packed into ONE record (a length before
+                each write): one log entry per batch, the shape the PySyncObj (`update` of a
+                dict) and etcd (a txn of N puts) batches have. Single writes as vrepl-lib.
+  vrepl-lib-threads
+                vrepl-lib with one thread per writer instead (a thread-based application):
+                the cost of two thread hand-offs per batch, measured in the same run.
 
 fsync modes (stated in fsync_setting): vrepl's WAL always commits in groups: one write() and
 ONE fdatasync per append call, covering every record the I/O thread collected since the
@@ -169,8 +177,10 @@ class VreplClientDriver(Driver):
 class VreplLibDriver(Driver):
     name = "vrepl-lib"
     is_vrepl = True
-    client_mode = ("threads in the master's process calling SyncInstance.forward()"
-                   " (one write) or forward_many() (a batch)")
+    client_mode = ("coroutines on the master's I/O loop calling SyncInstance.forward_many()"
+                   " (N records per batch)")
+    batch_as_record = False
+    writers = "loop"
 
     def __init__(self):
         self.nodes: list[subprocess.Popen] = []
@@ -201,7 +211,8 @@ class VreplLibDriver(Driver):
             conf = {"vgroup_id": 1, "replicas": replicas, "self_index": i,
                     "data_path": str(d / "data"), "secret": "vrepl-compare", "quorum": 2,
                     "log_file": str(d / "node.log"), "lifetime_s": 86400,
-                    "print_confirms": False, "options": {}}
+                    "print_confirms": False, "options": {},
+                    "batch_as_record": self.batch_as_record, "writers": self.writers}
             path = workdir / f"vrepl-lib{i + 1}.json"
             path.write_text(json.dumps(conf))
             self.nodes.append(procs.spawn(
@@ -248,5 +259,20 @@ class VreplLibDriver(Driver):
         self.data_base = None
 
 
+class VreplLibOneRecordDriver(VreplLibDriver):
+    name = "vrepl-lib-1rec"
+    client_mode = ("coroutines on the master's I/O loop calling SyncInstance.forward_many();"
+                   " a batch of N writes is one record")
+    batch_as_record = True
+
+
+class VreplLibThreadsDriver(VreplLibDriver):
+    name = "vrepl-lib-threads"
+    client_mode = ("threads in the master's process calling SyncInstance.forward_many()"
+                   " (N records per batch)")
+    writers = "threads"
+
+
 def vrepl_drivers() -> list[Driver]:
-    return [VreplClientDriver(), VreplLibDriver()]
+    return [VreplClientDriver(), VreplLibDriver(), VreplLibOneRecordDriver(),
+            VreplLibThreadsDriver()]
