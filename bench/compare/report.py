@@ -164,7 +164,7 @@ def plot(results: dict, png_path: Path) -> str | None:
                     ax.annotate("n/a", (r.get_x() + r.get_width() / 2, 0), xytext=(0, 3),
                                 textcoords="offset points", ha="center", fontsize=7,
                                 rotation=90, xycoords=("data", "axes fraction"))
-        ax.set_xticks(list(x), systems, rotation=20)
+        ax.set_xticks(list(x), systems, rotation=30, ha="right")
         ax.set_yscale("log")
         ax.grid(axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8)
