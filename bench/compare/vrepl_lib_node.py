@@ -236,7 +236,8 @@ def main(argv: list[str]) -> int:
                 reply = {"role": runner.inst.roles().get("role")}
             elif cmd in ("latency", "throughput"):
                 if writers is None:
-                    writers = (LoopWriters if writers_mode == "loop" else ThreadWriters)(runner.inst)
+                    kind = LoopWriters if writers_mode == "loop" else ThreadWriters
+                    writers = kind(runner.inst)
                     runner.bench_hook = writers.on_confirm
                 before = writers.next_version
                 reply = run_command(cmd, msg["spec"], writers, as_record, runner.inst.loop)

@@ -5,8 +5,9 @@ throughput loop per client process (multiprocessing, spawn context: each client 
 interpreter and GIL, like an application's independent clients would), starts them together
 and sums their rates. `latency_loop_async`, `throughput_loop_async` and
 `run_client_coroutines` run the same workloads (one generator per workload holds the
-timing and counting for both) for writers that are coroutines on an event loop. Keys are unique per client and write; values are fixed random bytes of
-the requested size, the same for every system.
+timing and counting for both) for writers that are coroutines on an event loop. Keys are
+unique per client and write; values are fixed random bytes of the requested size, the same
+for every system.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def _drive(plan, write):
 
 
 def _latency_plan(spec):
-    """Workload (a) as a plan (see _drive): warm-up writes, then spec.count writes, each
+    """Workload (a) as a plan (see _drive_async): warm-up writes, then spec.count writes, each
     timed from its yield to the resume."""
     value = make_value(spec.value_size)
     errors = 0
@@ -115,7 +116,7 @@ async def latency_loop_async(write_one, spec) -> dict:
 
 
 def _throughput_plan(spec, client_id: int):
-    """Workload (b) for one client as a plan (see _drive): batches for warmup_s (uncounted),
+    """Workload (b) for one client as a plan (see _drive_async): batches for warmup_s (uncounted),
     then for duration_s; returns the client's figures."""
     value = make_value(spec.value_size, seed=client_id)
     seq = 0

@@ -149,7 +149,8 @@ def test_report_has_a_ratio_column_per_vrepl_shape():
                                         "p999_us": 500, "errors": 0},
                             "throughput": {"writes_per_s": 1.2e6, "errors": 0}}}}
     md = report.render_markdown(res)
-    header = next(line for line in md.splitlines() if line.startswith("| fsync | system | writes/s"))
+    header = next(line for line in md.splitlines()
+                  if line.startswith("| fsync | system | writes/s"))
     assert header.endswith("| vrepl-client / peer | vrepl-lib / peer | vrepl-lib-1rec / peer |")
     thr = _row(md, "fsync per write / batch", "redis", "200,000")
     assert thr.endswith("| 4.00x | n/a | 6.00x |")
