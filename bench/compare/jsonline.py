@@ -1,12 +1,35 @@
 """Talking to a benchmark node process over its stdin/stdout, one JSON object per line.
 
 Owns: the request/reply and shutdown steps shared by the PySyncObj and vrepl library-level
-drivers and bench/scaling.py, whose node processes run the writer loops themselves.
+drivers and bench/scaling.py, whose node processes run the writer loops themselves; on the
+node side, `serve`, the command loop of those node processes.
 """
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+
+
+def serve(handlers: dict[str, Callable[[dict], dict]]) -> None:
+    """The node side: read one command per line from stdin, answer each with one line on
+    stdout, until {"cmd": "quit"} or the end of stdin. An unknown command or a handler's
+    exception is answered {"error": ...} and the loop goes on."""
+    out = sys.stdout
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+            cmd = msg["cmd"]
+            if cmd == "quit":
+                break
+            handler = handlers.get(cmd)
+            reply = handler(msg) if handler else {"error": f"unknown command {cmd!r}"}
+        except Exception:
+            reply = {"error": traceback.format_exc(limit=5)}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
 
 
 def ask(proc: subprocess.Popen, msg: dict, who: str) -> dict:

@@ -19,10 +19,8 @@ Errors come back as {"error": "..."}.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +29,7 @@ def main(argv: list[str]) -> int:
     from pysyncobj.batteries import ReplDict
 
     from bench.compare.drivers.base import LatencySpec, ThroughputSpec
+    from bench.compare.jsonline import serve
     from bench.compare.workload import latency_loop, run_client_threads
 
     journal = None
@@ -60,25 +59,9 @@ def main(argv: list[str]) -> int:
         def close(self) -> None:
             pass
 
-    out = sys.stdout
-    for line in sys.stdin:
-        try:
-            msg = json.loads(line)
-            cmd = msg["cmd"]
-            if cmd == "quit":
-                break
-            if cmd == "status":
-                reply = {"leader": node._isLeader(), "ready": node.isReady()}
-            elif cmd == "latency":
-                reply = latency_loop(Client(), LatencySpec(**msg["spec"]))
-            elif cmd == "throughput":
-                reply = run_client_threads(Client, ThroughputSpec(**msg["spec"]))
-            else:
-                reply = {"error": f"unknown command {cmd!r}"}
-        except Exception:
-            reply = {"error": traceback.format_exc(limit=5)}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+    serve({"status": lambda msg: {"leader": node._isLeader(), "ready": node.isReady()},
+           "latency": lambda msg: latency_loop(Client(), LatencySpec(**msg["spec"])),
+           "throughput": lambda msg: run_client_threads(Client, ThroughputSpec(**msg["spec"]))})
     node.destroy()
     return 0
 

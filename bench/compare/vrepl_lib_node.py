@@ -43,7 +43,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 WRITERS = ("loop", "threads")
 CONFIRM_TIMEOUT_S = 10.0
@@ -211,6 +210,8 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
     import vrepl.testing.node_runner as nr
 
+    from bench.compare.jsonline import serve
+
     nr.emit = lambda *a, **k: None     # stdout carries this protocol's replies only
     with open(argv[0]) as fh:
         conf = json.load(fh)
@@ -225,30 +226,20 @@ def main(argv: list[str]) -> int:
     writers: Writers | None = None
     as_record = bool(conf.get("batch_as_record"))
 
-    out = sys.stdout
-    for line in sys.stdin:
-        try:
-            msg = json.loads(line)
-            cmd = msg["cmd"]
-            if cmd == "quit":
-                break
-            if cmd == "status":
-                reply = {"role": runner.inst.roles().get("role")}
-            elif cmd in ("latency", "throughput"):
-                if writers is None:
-                    kind = LoopWriters if writers_mode == "loop" else ThreadWriters
-                    writers = kind(runner.inst)
-                    runner.bench_hook = writers.on_confirm
-                before = writers.next_version
-                reply = run_command(cmd, msg["spec"], writers, as_record, runner.inst.loop)
-                # Log entries this command added (warm-up included): shows the batch shape.
-                reply["records_forwarded"] = writers.next_version - before
-            else:
-                reply = {"error": f"unknown command {cmd!r}"}
-        except Exception:
-            reply = {"error": traceback.format_exc(limit=5)}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+    def workload(msg: dict) -> dict:
+        nonlocal writers
+        if writers is None:
+            kind = LoopWriters if writers_mode == "loop" else ThreadWriters
+            writers = kind(runner.inst)
+            runner.bench_hook = writers.on_confirm
+        before = writers.next_version
+        reply = run_command(msg["cmd"], msg["spec"], writers, as_record, runner.inst.loop)
+        # Log entries this command added (warm-up included): shows the batch shape.
+        reply["records_forwarded"] = writers.next_version - before
+        return reply
+
+    serve({"status": lambda msg: {"role": runner.inst.roles().get("role")},
+           "latency": workload, "throughput": workload})
     try:
         runner.inst.stop()
     except Exception:

@@ -337,3 +337,24 @@ def test_workload_loops_count_failures_the_same_blocking_and_async():
     both = asyncio.run(run_client_coroutines(write_batch, tspec))
     assert both["clients"] == 2 and both["writes"] > 0
     assert both["error_kinds"] and all(c.calls > 0 for c in clients)
+
+
+def test_node_command_loop_answers_each_line_and_survives_bad_ones(monkeypatch):
+    import io
+    from bench.compare.jsonline import serve
+    lines = ['{"cmd": "echo", "x": 1}\n', 'not json\n', '{"cmd": "nope"}\n',
+             '{"cmd": "boom"}\n', '{"cmd": "echo", "x": 2}\n', '{"cmd": "quit"}\n',
+             '{"cmd": "echo", "x": 3}\n']
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(lines)))
+    monkeypatch.setattr(sys, "stdout", out)
+
+    def boom(msg):
+        raise ValueError("bad spec")
+
+    serve({"echo": lambda msg: {"x": msg["x"]}, "boom": boom})
+    replies = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert replies[0] == {"x": 1} and replies[4] == {"x": 2} and len(replies) == 5
+    assert "JSONDecodeError" in replies[1]["error"]
+    assert replies[2] == {"error": "unknown command 'nope'"}
+    assert "ValueError: bad spec" in replies[3]["error"]

@@ -35,6 +35,7 @@ fdatasync returns without I/O; the WAL keeps its group commit (vrepl has no dura
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import shutil
 import subprocess
@@ -69,6 +70,15 @@ def _fsync_setting(fsync: bool) -> FsyncSetting:
                             "as fsync)", True)
     return FsyncSetting("nofsync", "WAL (and data) on tmpfs /dev/shm: group commit kept, "
                         "fdatasync is a no-op", False)
+
+
+def _missing(module: str) -> str | None:
+    """Why this driver cannot run (vrepl not importable here), or None."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return f"vrepl is not importable here ({exc}): pip install -e ."
+    return None
 
 
 # -- vrepl-client --------------------------------------------------------------------------------
@@ -125,11 +135,7 @@ class VreplClientDriver(Driver):
         self.data_base: Path | None = None
 
     def prepare(self, allow_install: bool) -> str | None:
-        try:
-            import vrepl.node.server  # noqa: F401
-        except ImportError as exc:
-            return f"vrepl is not importable here ({exc}): pip install -e ."
-        return None
+        return _missing("vrepl.node.server")
 
     def version(self) -> str:
         from importlib.metadata import PackageNotFoundError, version
@@ -188,11 +194,7 @@ class VreplLibDriver(Driver):
         self.data_base: Path | None = None
 
     def prepare(self, allow_install: bool) -> str | None:
-        try:
-            import vrepl.sync  # noqa: F401
-        except ImportError as exc:
-            return f"vrepl is not importable here ({exc}): pip install -e ."
-        return None
+        return _missing("vrepl.sync")
 
     def version(self) -> str:
         return VreplClientDriver().version()
