@@ -119,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     per_fn = callgrind_profile(args.iterations, args.records, args.size)
     total = per_fn.pop("PROGRAM TOTALS", None) or sum(v for v in per_fn.values() if v > 0)
+    if total <= 0:   # other threads (numpy's OpenBLAS pool) moved more than the loop did
+        print(f"the program total moved by {total:,.0f} instructions per round trip: too few"
+              " iterations to cancel the other threads' noise; raise --iterations",
+              file=sys.stderr)
+        return 3
     print(f"callgrind: {total:,.0f} instructions per round trip, "
           f"{total / args.records:,.0f} per record")
     for name, ir in sorted(per_fn.items(), key=lambda kv: -kv[1])[:12]:

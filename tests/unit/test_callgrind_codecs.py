@@ -55,8 +55,10 @@ def test_bad_arguments_are_refused():
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 def test_callgrind_profile_attributes_instructions_to_the_codecs():
-    per_fn = cg.callgrind_profile(5, 10, 100)
-    total = per_fn.pop("PROGRAM TOTALS")
-    assert total > 0
+    # The program total also moves with other threads (numpy's OpenBLAS pool spins under
+    # callgrind), so only the codecs' own functions, which do the same work every
+    # iteration, are asserted on.
+    per_fn = cg.callgrind_profile(20, 10, 100)
     crc = sum(v for k, v in per_fn.items() if "crc32c" in k)
-    assert 0 < crc < total
+    write_record = sum(v for k, v in per_fn.items() if k.endswith("record_write_record"))
+    assert crc > 0 and write_record > 0
