@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from vrepl.client import (BadRequestError, Client, NotWrittenError, UnauthorizedError)
+from vrepl.client import BadRequestError, Client, NotWrittenError, UnauthorizedError
 from vrepl.node.local import LocalCluster, free_ports, render_toml
 from vrepl.testing.tls import make_tls_files
 
