@@ -230,9 +230,9 @@ class _Conn:
 
 def _refused(endpoint: str, code: int, doc: dict) -> BadRequestError:
     """The error for a 4xx answer (not 409 not_master): UnauthorizedError for a 401."""
-    kind = UnauthorizedError if code == 401 else BadRequestError
-    return kind(code, doc.get("code", ""), f"{endpoint}: {doc.get('error', '')}"
-                if code == 401 else doc.get("error", ""))
+    if code == 401:
+        return UnauthorizedError(code, doc.get("code", ""), f"{endpoint}: {doc.get('error', '')}")
+    return BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
 
 
 class Client:
@@ -346,6 +346,7 @@ class Client:
     def find_master(self, vgroup: int) -> str | None:
         """The http address of the node that says it is vgroup's master, or None."""
         hint = None
+        self.last_error = None
         for ep in list(self.nodes):
             try:
                 code, doc = self.request(ep, "GET", "/v1/status")

@@ -250,6 +250,10 @@ def test_cli_bench_with_token_and_tls(secure, files):
     assert res["rows"] > 0 and res["errors"] == {}
     p = vrepl("bench", "--nodes", ep_of(secure), "--cacert", tls.ca, "--duration", "1")
     assert p.returncode == 1 and "401" in p.stderr
+    p = vrepl("bench", "--nodes", ep_of(secure), "--token-file", token_file, "--tls",
+              "--duration", "1")                                # system CAs: refused
+    assert p.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
     p = vrepl("bench", "--token-file", token_file)            # the local cluster has no token
     assert p.returncode == 2 and "--nodes" in p.stderr
 

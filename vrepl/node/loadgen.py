@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from vrepl.client import Client
+from vrepl.client import Client, ClientError
 
 TS0 = 1_600_000_000_000
 
@@ -143,7 +143,7 @@ def run_load(nodes: list[str], vgroup: int = 1, clients: int = 16, batch: int = 
     finally:
         c.close()
     if master is None:
-        raise RuntimeError(f"no master for vgroup {vgroup} among {nodes}"
+        raise ClientError(f"no master for vgroup {vgroup} among {nodes}"
                            f"{': ' + c.last_error if c.last_error else ''}")
     return asyncio.run(_run(master, vgroup, clients, batch, row_bytes, duration_s, warmup_s, c))
 
