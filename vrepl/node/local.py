@@ -91,7 +91,7 @@ class LocalCluster:
                  quorum: int = 0,
                  secret: str = "vrepl-local-secret", vnode: dict | None = None,
                  sync: dict | None = None, http: dict | None = None,
-                 log_level: str = "INFO") -> None:
+                 log_level: str = "INFO", log_format: str = "text") -> None:
         self.base_dir = os.path.abspath(base_dir)
         self.vgroup = vgroup
         self.vgroup_ids = list(range(vgroup, vgroup + vgroup_count))
@@ -108,7 +108,8 @@ class LocalCluster:
             os.makedirs(d, exist_ok=True)
             doc: dict[str, Any] = {"node_id": nid, "data_dir": os.path.join(d, "data"),
                                    "secret": secret, "log_level": log_level,
-                                   "log_file": os.path.join(d, "node.log")}
+                                   "log_file": os.path.join(d, "node.log"),
+                                   "log_format": log_format}
             if http:
                 doc["http"] = dict(http)
             if vnode:
