@@ -268,5 +268,5 @@ def run_node(cfg: NodeConfig) -> int:
             log.info("node %d: log file reopened (SIGHUP)", cfg.node_id, extra={"event": "log_reopened"})
     log.info("node %d stopping (signal)", cfg.node_id)
     node.stop()
-    log.info("node %d stopped", cfg.node_id)
+    log.info("node %d stopped", cfg.node_id, extra={"event": "stopped"})
     return 0
