@@ -419,3 +419,30 @@ def test_arbitrator_metrics_listen_errors(tmp_path):
         taken.close()
     assert busy.returncode == 1 and "cannot start" in busy.stderr
     assert len(busy.stderr.strip().splitlines()) == 1
+
+
+def test_status_shows_the_arbitrator_and_the_lease_holder(tmp_path):
+    arb = ArbitratorProcess(str(tmp_path / "arb"), b"vrepl-local-secret", lease_ms=2000)
+    c = LocalCluster(str(tmp_path / "c"), 2, vgroup=VG, quorum=1, arbitrator=arb.address)
+    try:
+        c.start()
+        c.wait_ready()
+        m = c.wait_master(slaves=1, timeout_s=20)
+        c.wait_for("both replicas reach the arbitrator",
+                   lambda: all(c.vgroup_status(n)["arbitrator"]["connected"] for n in c.nodes), 10)
+        out = _vrepl("status", "--node", c.nodes[m].http, "--json")
+        assert out.returncode == 0, out.stderr
+        arbv = json.loads(out.stdout)["vgroups"][0]["arbitrator"]
+        assert arbv["address"] == arb.address and arbv["connected"] == [1, 2]
+        holder = arbv["lease_holder"]
+        assert (holder["node"], holder["epoch"]) == (m, c.vgroup_status(m)["epoch"])
+        assert 0 < holder["remaining_ms"] <= 2000
+        table = _vrepl("status", "--node", c.nodes[m].http)
+        assert f"arbitrator {arb.address} (connected: n1 n2), lease n{m} e{holder['epoch']}" in table.stdout
+        s = scrape(arb.metrics_url)
+        assert value(s, "vrepl_arbitrator_lease_live", vgroup=str(VG)) == 1
+        assert value(s, "vrepl_arbitrator_granted_epoch", vgroup=str(VG), node=str(m)) == holder["epoch"]
+        assert value(s, "vrepl_arbitrator_connections") == 2
+    finally:
+        c.close()
+        arb.stop()

@@ -91,7 +91,8 @@ class LocalCluster:
                  quorum: int = 0,
                  secret: str = "vrepl-local-secret", vnode: dict | None = None,
                  sync: dict | None = None, http: dict | None = None,
-                 log_level: str = "INFO", log_format: str = "text") -> None:
+                 log_level: str = "INFO", log_format: str = "text",
+                 arbitrator: str | None = None) -> None:
         self.base_dir = os.path.abspath(base_dir)
         self.vgroup = vgroup
         self.vgroup_ids = list(range(vgroup, vgroup + vgroup_count))
@@ -118,7 +119,8 @@ class LocalCluster:
                 doc["sync"] = dict(sync)
             doc["nodes"] = node_table
             doc["vgroups"] = [{"id": vg, "replicas": [e["id"] for e in node_table],
-                               "quorum": quorum} for vg in range(vgroup, vgroup + vgroup_count)]
+                               "quorum": quorum, **({"arbitrator": arbitrator} if arbitrator else {})}
+                              for vg in range(vgroup, vgroup + vgroup_count)]
             path = os.path.join(d, "node.toml")
             with open(path, "w") as fh:
                 fh.write(render_toml(doc))
