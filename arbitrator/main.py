@@ -83,8 +83,8 @@ def load_config(path: str | None, overrides: dict) -> tuple[ArbitratorConfig, di
 
 
 def _reopen_logs() -> None:
-    reopen_logs()
-    log.info("arbitrator: log file reopened (SIGHUP)", extra={"event": "log_reopened"})
+    if reopen_logs():   # logging to stderr: nothing to reopen
+        log.info("arbitrator: log file reopened (SIGHUP)", extra={"event": "log_reopened"})
 
 
 async def _run(cfg: ArbitratorConfig, metrics_at: tuple[str, int] | None) -> None:

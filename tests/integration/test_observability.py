@@ -269,9 +269,17 @@ def test_arbitrator_metrics_and_json_logs(tmp_path):
         assert value(s, "vrepl_arbitrator_granted_epoch", vgroup="5", node="1") == 3
         time.sleep(0.7)                                   # the lease runs out
         assert value(scrape(arb.metrics_url), "vrepl_arbitrator_lease_live", vgroup="5") == 0
+        # logrotate: rename, SIGHUP, the arbitrator writes a new file.
+        os.rename(log_file, str(log_file) + ".1")
+        arb.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while not log_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads(log_file.read_text().splitlines()[0])["event"] == "log_reopened"
+        assert arb.proc.poll() is None
     finally:
         arb.stop()
-    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+    lines = [json.loads(line) for line in (open(str(log_file) + ".1").read() + log_file.read_text()).splitlines()]
     grants = [e for e in lines if e["event"] == "grant"]
     refusals = [e for e in lines if e["event"] == "refusal"]
     assert [(e["vgroup"], e["node"], e["epoch"], e["level"]) for e in grants] == [(5, 1, 3, "INFO")]

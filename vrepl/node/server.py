@@ -264,8 +264,8 @@ def run_node(cfg: NodeConfig) -> int:
         wake.clear()
         if asked["reopen"]:
             asked["reopen"] = False
-            reopen_logs()
-            log.info("node %d: log file reopened (SIGHUP)", cfg.node_id, extra={"event": "log_reopened"})
+            if reopen_logs():   # logging to stderr: nothing to reopen
+                log.info("node %d: log file reopened (SIGHUP)", cfg.node_id, extra={"event": "log_reopened"})
     log.info("node %d stopping (signal)", cfg.node_id)
     node.stop()
     log.info("node %d stopped", cfg.node_id, extra={"event": "stopped"})
