@@ -25,7 +25,7 @@ from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.http import Response, error
 from vrepl.replica import AckStatus, ConfirmStatus
 from vrepl.restore import recover_interrupted_swap
-from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance
+from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance, SyncObservers
 from vrepl.vnode import Vnode
 from vrepl.vnode.errors import VnodeError
 
@@ -61,13 +61,15 @@ class _Pending:
 
 class VgroupHost:
     def __init__(self, node_cfg: NodeConfig, spec: VgroupSpec,
-                 flush_executor: concurrent.futures.Executor) -> None:
+                 flush_executor: concurrent.futures.Executor,
+                 observers: SyncObservers | None = None) -> None:
         self.node_cfg = node_cfg
         self.spec = spec
         self.id = spec.id
         self.node_id = node_cfg.node_id
         self.path = node_cfg.vgroup_path(spec.id)
         self.flush_executor = flush_executor
+        self.observers = observers       # the node's metrics histograms (vrepl/node/metrics.py)
         self.vnode: Vnode | None = None
         self.sync: SyncInstance | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -113,7 +115,7 @@ class VgroupHost:
                            get_file_info=self.vnode.get_file_info,  # type: ignore[union-attr]
                            get_wal_info=self.vnode.get_wal_info,  # type: ignore[union-attr]
                            notify_file_synced=self.vnode.notify_file_synced)  # type: ignore[union-attr]
-        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), cb)
+        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), cb, observers=self.observers)
         self.sync.start()
 
     def stop(self) -> None:
@@ -134,8 +136,9 @@ class VgroupHost:
         if role == "master" and self.sync is not None and self.sync.replica is not None:
             # Versions continue the log: a new master's WAL ends where its slave WAL ended.
             self.next_version = self.sync.replica.last_version + 1
-        log.info("vg%d n%d: role %s, epoch %d, master %s", self.id, self.node_id, role, epoch,
-                 master)
+        # The sync layer logs the change (event role_change, docs/operations.md §Logs).
+        log.debug("vg%d n%d: role %s, epoch %d, master %s", self.id, self.node_id, role, epoch,
+                  master)
 
     def _notify_flow_control(self, level: int) -> None:
         if self.vnode is not None:
@@ -405,6 +408,8 @@ class VgroupHost:
             peers[str(node)] = {"role": roles["replicas"].get(node, "offline"),
                                 "acked_version": p.get("acked_version"),
                                 "lag_versions": p.get("lag_versions"),
+                                "lag_ms": p.get("lag_ms"),
+                                "last_heard_ms": p.get("last_heard_ms"),
                                 "state": p.get("state")}
         arb = self.spec.arbitrator
         return {
@@ -416,7 +421,8 @@ class VgroupHost:
             "replicas": {str(n): r for n, r in roles["replicas"].items()},
             "peers": peers,
             "arbitrator": {"address": arb, "used": sync.cfg.arbitrator_used,
-                           "connected": stats.get("arbitrator_connected", False)},
+                           "connected": stats.get("arbitrator_connected", False),
+                           "lease": stats.get("arbitrator_lease")},
             "flow_control": stats.get("flow_control", 0),
             "pending_writes": len(self.pending),
             "vnode": {**vnode.status(), "flushes": self.flushes, "flush_errors": self.flush_errors,
