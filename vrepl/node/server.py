@@ -28,6 +28,8 @@ import time
 from typing import Any
 
 import vrepl
+from vrepl.dirlock import DirLock, lock_dir
+from vrepl.errors import ListenError
 from vrepl.node.config import NodeConfig
 from vrepl.node.http import HttpServer, Request, Response, error
 from vrepl.node.vgroup import VgroupHost
@@ -65,15 +67,28 @@ class Node:
         self.started_at = time.time()
         self._tick: asyncio.TimerHandle | None = None
         self._stopped = False
+        self.locks: list[DirLock] = []
 
     # -- start (main thread) ----------------------------------------------------------------
     def start(self) -> None:
-        """Recover every vnode, start replication, then serve HTTP. Raises on failure."""
-        os.makedirs(self.cfg.data_dir, exist_ok=True)
-        for vg in self.vgroups.values():
-            n = vg.open()
-            log.info("vg%d: recovered: archived v%d, replayed %d WAL records, now at v%d",
-                     vg.id, vg.vnode.archived_version, n, vg.vnode.get_version())  # type: ignore[union-attr]
+        """Lock the data directories, recover every vnode, start replication, then serve
+        HTTP. Raises on failure: DirInUseError (another process holds a data directory;
+        nothing was read), ListenError (an address is in use), or what recovery raised."""
+        # One process per data directory (vrepl/dirlock.py): the root and each vgroup's,
+        # so `vrepl restore --data <data_dir>/vgN` is refused while this node runs. Held
+        # until stop(); the node's own restore of a vgroup runs under these locks.
+        holder = f"vrepl node {self.cfg.node_id}"
+        try:
+            self.locks.append(lock_dir(self.cfg.data_dir, holder))
+            for vg in self.vgroups.values():
+                self.locks.append(lock_dir(vg.path, holder))
+            for vg in self.vgroups.values():
+                n = vg.open()
+                log.info("vg%d: recovered: archived v%d, replayed %d WAL records, now at v%d",
+                         vg.id, vg.vnode.archived_version, n, vg.vnode.get_version())  # type: ignore[union-attr]
+        except BaseException:
+            self._release_locks()
+            raise
         self.io = IoLoop.shared()
         try:
             for vg in self.vgroups.values():
@@ -84,7 +99,10 @@ class Node:
                                    max_connections=h.max_connections,
                                    idle_timeout_ms=h.idle_timeout_ms)
             host, port = self.cfg.http_listen
-            self.io.run(self.http.start(host, port))
+            try:
+                self.io.run(self.http.start(host, port))
+            except OSError as exc:
+                raise ListenError(f"{host}:{port}", "HTTP API", exc) from None
             self.io.call(self._schedule_tick)
         except BaseException:
             self.stop()
@@ -129,6 +147,12 @@ class Node:
         if io is not None:
             io.release()
             self.io = None
+        self._release_locks()
+
+    def _release_locks(self) -> None:
+        for lock in self.locks:
+            lock.release()
+        self.locks.clear()
 
     # -- HTTP routes (I/O thread) -------------------------------------------------------------
     def handle(self, req: Request):
