@@ -13,8 +13,11 @@ then configured by spark-submit (docs/validation.md §spark-submit).
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Any, Iterable, Mapping
@@ -75,21 +78,53 @@ def log4j2_config_path(level: str = DEFAULT_LOG_LEVEL, directory: str | None = N
     return path
 
 
-def java_missing() -> str | None:
-    """Why Spark cannot start here (no Java), or None."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and os.path.exists(os.path.join(java_home, "bin", "java")):
+JAVA_PACKAGE = "openjdk-17-jre-headless"   # Debian/Ubuntu; tools/install_system_deps.sh
+
+
+def _java_major(java: str) -> int | None:
+    """The major version `java -version` reports (8 for "1.8.0_x"), None if unreadable."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
         return None
-    if shutil.which("java") is None:
-        return ("Java is not installed (Spark needs Java 17 or newer: install"
-                " openjdk-17-jre-headless or set JAVA_HOME)")
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if m is None:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def _java_needed() -> int:
+    """Java major version the installed pyspark needs: 17 from Spark 4, 8 before."""
+    try:
+        return 17 if int(importlib.metadata.version("pyspark").split(".")[0]) >= 4 else 8
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return 17
+
+
+def java_missing() -> str | None:
+    """Why Spark cannot start here (no Java, or one too old for this pyspark), or None."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    need = _java_needed()
+    if java is None or not os.path.exists(java):
+        where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "java is not on PATH"
+        return (f"Java is not installed ({where}; Spark needs Java {need} or newer:"
+                f" apt-get install {JAVA_PACKAGE}, or set JAVA_HOME)")
+    have = _java_major(java)
+    if have is not None and have < need:
+        return (f"{java} is Java {have}; this Spark needs Java {need} or newer"
+                f" (apt-get install {JAVA_PACKAGE}, or set JAVA_HOME)")
     return None
 
 
 def session_conf(master: str | None, log_level: str, extra: Mapping[str, str] | None,
                  log4j_path: str) -> dict[str, str]:
     conf = dict(BASE_CONF)
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j_path}"
+    # The JVM's temporary files (Spark's local dirs, native libraries it unpacks) follow
+    # TMPDIR like Python's instead of /tmp, and no /tmp/hsperfdata_<user> (jstat's files).
+    java_opts = (f"-Dlog4j2.configurationFile=file:{log4j_path}"
+                 f" -Djava.io.tmpdir={tempfile.gettempdir()} -XX:-UsePerfData")
     conf["spark.driver.extraJavaOptions"] = java_opts
     conf["spark.executor.extraJavaOptions"] = java_opts
     if master is None or master.startswith("local"):
@@ -112,11 +147,14 @@ def start_session(master: str | None = None, *, app_name: str = "vrepl-validate"
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise SparkJobError("pyspark is not installed (pip install 'vrepl[spark]')") from None
+        raise SparkJobError("pyspark is not installed (python3 -m pip install pyspark)") from None
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    log4j = log4j2_config_path(log_level)
+    # Beside the log when there is one (the demo's directory, validate's --out), so nothing
+    # is left behind in the temporary directory.
+    log4j = log4j2_config_path(log_level, os.path.dirname(os.path.abspath(log_path))
+                               if log_path else None)
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
