@@ -48,11 +48,14 @@ def spark_validation(cluster: LocalCluster, base: str, console: Console) -> tupl
     dirs = [os.path.join(node.dir, "data", "vg1") for node in cluster.nodes.values()]
     console.print("validating the replicas with Spark (local[2]; JVM start included) ...")
     t0 = time.perf_counter()
+    from vrepl.spark.session import stop_jvm
     try:
         report = validate({1: dirs}, master="local[2]",
                           log_path=os.path.join(base, "spark.log"))
     except (InputError, SparkJobError) as exc:
         return False, f"Spark validation could not run: {exc}"
+    finally:
+        stop_jvm()      # the demo stops everything it started, the JVM included
     took = time.perf_counter() - t0
     if report.exit_code == 0:
         return True, f"Spark validation: the 3 replicas agree (rows, files, versions, epochs; {took:.1f} s)"

@@ -174,6 +174,36 @@ def start_session(master: str | None = None, *, app_name: str = "vrepl-validate"
     return spark
 
 
+def stop_jvm(timeout_s: float = 30.0) -> None:
+    """End the JVM PySpark launched for this process and wait for it. SparkSession.stop()
+    keeps the JVM for a later session; a caller that is done with Spark (the demo) calls
+    this so that nothing of Spark outlives its work: the JVM's shutdown hooks have removed
+    its temporary directories when this returns. Not for a process spark-submit started
+    (that JVM is spark-submit's; PySpark then holds no process of its own)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None or proc is None:
+        return
+    try:
+        gateway.shutdown()
+    except Exception:   # the connection is already gone: the JVM ends all the same
+        pass
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    # The JVM exits when its stdin (a pipe from this process) closes (PythonGatewayServer).
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 class _jvm_output_to:
     """Point fds 1 and 2 at a log file while the JVM is launched (it inherits them), then
     restore them for Python."""
