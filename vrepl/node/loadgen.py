@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -160,6 +161,9 @@ def run_bench_cli(args: argparse.Namespace) -> int:
                        args.duration, args.warmup)
         print(json.dumps(asdict(res)) if args.json else res.describe())
         return 0
+    except (RuntimeError, TimeoutError) as exc:   # a node exited, no master, a wait ran out
+        print(f"vrepl: error: bench: {exc}", file=sys.stderr)
+        return 1
     finally:
         if cluster is not None:
             cluster.close()
