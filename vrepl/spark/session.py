@@ -56,6 +56,9 @@ BASE_CONF = {
     # The job names every archived file explicitly (only the manifest's files are data);
     # above this many paths Spark would run a distributed listing job per read (seconds).
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+    # Python workers run `python -m pyspark.daemon` in Spark's working directory: no current
+    # directory on their sys.path either (vrepl.child), so a source tree there is not imported.
+    "spark.executorEnv.PYTHONSAFEPATH": "1",
 }
 
 
