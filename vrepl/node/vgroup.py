@@ -115,7 +115,8 @@ class VgroupHost:
                            get_file_info=self.vnode.get_file_info,  # type: ignore[union-attr]
                            get_wal_info=self.vnode.get_wal_info,  # type: ignore[union-attr]
                            notify_file_synced=self.vnode.notify_file_synced)  # type: ignore[union-attr]
-        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), cb, observers=self.observers)
+        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), cb,
+                                 restore=self.node_cfg.restore, observers=self.observers)
         self.sync.start()
 
     def stop(self) -> None:

@@ -14,7 +14,8 @@ failure is one line on stderr and a documented exit code; never a traceback.
 Exit codes: 0 done, 1 the data is corrupt or inconsistent (a gap, a bad file), 2 usage
 (bad argument, missing directory, no secret), 3 interrupted, 4 the peer is unreachable,
 refused the connection or broke off, 5 a hostile file name was refused, 6 disk full (the
-previous data is intact), 7 the source kept changing (retries exhausted).
+previous data is intact), 7 the source kept changing (retries exhausted), 8 the data
+directory is in use by another process (vrepl/dirlock.py; nothing was read or written).
 Must not: touch the data directory before the transfer is verified (the receiver stages).
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ EXIT_PEER = 4
 EXIT_UNSAFE = 5
 EXIT_DISK_FULL = 6
 EXIT_CHANGING = 7
+EXIT_IN_USE = 8
 
 SECRET_ENV = "VREPL_SECRET"
 
@@ -99,6 +101,17 @@ class _Fail(Exception):
         self.code = code
 
 
+def _lock_data(data: str, holder: str) -> Any:
+    """The --data directory's lock (one process per data directory), or _Fail(EXIT_IN_USE).
+    Taken here, at the command's entry, never by the restore code a node also runs."""
+    from vrepl.dirlock import DirInUseError, lock_dir
+
+    try:
+        return lock_dir(data, holder)
+    except DirInUseError as exc:
+        raise _Fail(str(exc), EXIT_IN_USE) from None
+
+
 # ---------------------------------------------------------------------------------------------
 # restore
 
@@ -134,6 +147,7 @@ def run_restore(args: argparse.Namespace) -> int:
     from vrepl.restore.errors import DiskFull, FilesChanged, PeerError, RestoreError, UnsafeName
     from vrepl.restore.receiver import recover_interrupted_swap
 
+    lock = None
     try:
         try:
             host, port = parse_endpoint(args.source)
@@ -144,6 +158,7 @@ def run_restore(args: argparse.Namespace) -> int:
         if os.path.exists(data) and not os.path.isdir(data):
             raise _Fail(f"{data}: not a directory", EXIT_USAGE)
         os.makedirs(data, exist_ok=True)
+        lock = _lock_data(data, "vrepl restore")
         recovered = recover_interrupted_swap(data)
         if recovered:
             print(f"vrepl: {recovered}", file=sys.stderr)
@@ -221,6 +236,9 @@ def run_restore(args: argparse.Namespace) -> int:
     except OSError as exc:
         _err(f"{getattr(exc, 'filename', '') or ''} {exc.strerror or exc}".strip())
         return EXIT_CORRUPT
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,11 +250,13 @@ def run_replay(args: argparse.Namespace) -> int:
     from vrepl.errors import VreplError
     from vrepl.vnode import Vnode
 
+    lock = None
     try:
         if not os.path.isdir(args.wal):
             raise _Fail(f"{args.wal}: no such WAL directory", EXIT_USAGE)
         if args.to_version < 0:
             raise _Fail("--to-version must be >= 0", EXIT_USAGE)
+        lock = _lock_data(args.data, "vrepl replay")
         try:
             state = _wal.inspect(args.wal)
         except _wal.WalError as exc:
@@ -296,14 +316,24 @@ def run_replay(args: argparse.Namespace) -> int:
     except (VreplError, OSError) as exc:
         _err(str(exc))
         return EXIT_CORRUPT
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m vrepl.restore` (restore and replay, as in `vrepl`)."""
+    parser = argparse.ArgumentParser(prog="python -m vrepl.restore",
+                                     description="vrepl restore and replay (docs/restore.md §8)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log the restore's steps to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_parsers(sub)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m vrepl.restore restore|replay ...` (the same commands as `vrepl`)."""
-    parser = argparse.ArgumentParser(prog="python -m vrepl.restore")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_parsers(sub)
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

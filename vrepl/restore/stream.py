@@ -205,6 +205,10 @@ def connect_sync(host: str, port: int, *, secret: bytes, kind: int, vgroup_id: i
                 stream.send_bytes(out)
     except PeerError as exc:
         stream.close()
+        if stream._buf.startswith(b"HTTP/"):
+            raise PeerError(f"{host}:{port} answered in HTTP: that is a node's client API port; a restore needs"
+                            " the node's replication port (its `replication` address in node.toml)",
+                            restart=False) from None
         if "closed by the other side" in str(exc):
             raise PeerError(f"{host}:{port} refused the sync connection (wrong secret, vgroup or node; see its log)",
                             restart=False) from None
