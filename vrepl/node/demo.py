@@ -19,11 +19,13 @@ import time
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from vrepl.client import Client, OutcomeUnknownError
 from vrepl.node.local import LocalCluster
+from vrepl.untrusted import printable
 
 # Extra end-of-demo checks: fn(cluster, tables, summary) -> (ok, one-line description).
 # The Spark validation registers itself here (vrepl.spark) once it lands.
@@ -76,16 +78,19 @@ def print_cluster_status(cluster: dict[str, Any], console: Console | None = None
             for vg in st["vgroups"]:
                 if vg["role"] == "master":
                     masters[vg["vgroup"]] = vg["version"]
+    def shown(text: object) -> str:  # a node's text: escaped for the terminal and for markup
+        return escape(printable(text))
+
     for ep, st in cluster.items():
         if not isinstance(st, dict):
-            rows.append(("-", "?", ep, f"[red]{st}[/]", "", "", "", "", "", ""))
+            rows.append(("-", "?", ep, f"[red]{shown(st)}[/]", "", "", "", "", "", ""))
             continue
         for vg in st["vgroups"]:
             mv = masters.get(vg["vgroup"])
             lag = "" if mv is None else str(max(0, mv - vg["version"]))
-            peers = " ".join(f"n{n}:{r}" for n, r in sorted(vg["replicas"].items())
-                             if int(n) != st["node"])
-            role = vg["role"]
+            peers = shown(" ".join(f"n{n}:{r}" for n, r in sorted(vg["replicas"].items())
+                                   if int(n) != st["node"]))
+            role = shown(vg["role"])
             color = {"master": "green", "slave": "cyan"}.get(role, "yellow")
             rows.append((str(vg["vgroup"]), f"n{st['node']}", ep, f"[{color}]{role}[/]",
                          str(vg["epoch"]), f"n{vg['master']}" if vg["master"] else "-",

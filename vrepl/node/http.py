@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl, unquote
 
+from vrepl.untrusted import printable
+
 log = logging.getLogger("vrepl.node.http")
 
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
@@ -156,7 +158,7 @@ class HttpProtocol(asyncio.Protocol):
             try:
                 result = srv.handler(req)
             except Exception as exc:  # a bug: answer 500, keep serving
-                log.exception("handler failed on %s %s", method, path)
+                log.exception("handler failed on %s %s", printable(method), printable(path))  # the client's text
                 result = error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
             if isinstance(result, Response):
                 self._send(result, keep)
