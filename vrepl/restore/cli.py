@@ -11,10 +11,12 @@ failure is one line on stderr and a documented exit code; never a traceback.
         rebuild a vnode's archived data by replaying a WAL into it (after a crash, or to a
         point in time), flushing as it goes
 
-Exit codes: 0 done, 1 the data is corrupt or inconsistent (a gap, a bad file), 2 usage
-(bad argument, missing directory, no secret), 3 interrupted, 4 the peer is unreachable,
-refused the connection or broke off, 5 a hostile file name was refused, 6 disk full (the
-previous data is intact), 7 the source kept changing (retries exhausted).
+Exit codes (docs/restore.md §8): 0 done, 1 the data is corrupt or inconsistent (bad data
+from the sender, a gap, a bad file, a file above max_file_bytes), 2 usage (bad argument,
+missing directory, no secret, a WAL file that is not a regular file), 3 interrupted, 4 the
+peer is unreachable, refused the connection or broke off, 5 a hostile file name was refused,
+6 not enough disk space (the previous data is intact), 7 the source kept changing (retries
+exhausted). Text from the peer is escaped before it is printed (vrepl/untrusted.py).
 Must not: touch the data directory before the transfer is verified (the receiver stages).
 """
 from __future__ import annotations
