@@ -124,7 +124,7 @@ def _write_phase(console: Console, client: Client, vgroup: int, label: str, tabl
             try:
                 client.write(vgroup, body)
             except OutcomeUnknownError as exc:   # never silently: say so, and do not count it
-                console.print(f"[yellow]outcome unknown[/]: {exc}")
+                console.print(f"[yellow]outcome unknown[/]: {escape(printable(exc))}")
             else:
                 acked[table].update(range(ts, ts + n))
             next_ts[table] = ts + n
