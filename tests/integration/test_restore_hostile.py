@@ -239,3 +239,9 @@ def test_a_size_above_max_file_bytes_is_refused_as_bad_data(hostile, old_data):
     assert f"the sender announces {size} bytes, above max_file_bytes {1 << 40}" in one_line(out)
     assert sender.sessions == 1
     assert_old_data_intact(old_data)
+
+
+def test_negative_retries_is_a_usage_error(old_data):
+    out = restore(1, old_data, "--retries", "-1")
+    assert out.returncode == 2
+    assert one_line(out) == "vrepl: error: --retries must be >= 0, got -1"
