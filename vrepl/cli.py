@@ -23,6 +23,7 @@ from typing import Sequence
 
 import vrepl
 from vrepl.errors import ConfigError, VreplError
+from vrepl.untrusted import printable
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1
@@ -40,7 +41,8 @@ class CliError(Exception):
 
 
 def _err(message: str) -> None:
-    print(f"vrepl: error: {message}", file=sys.stderr)
+    # A message may quote text from the network (a node's answer): one line, escaped.
+    print(f"vrepl: error: {printable(message)}", file=sys.stderr)
 
 
 def _preview(payload: bytes, limit: int = 32) -> str:
@@ -93,6 +95,9 @@ def cmd_wal_verify(args: argparse.Namespace) -> int:
 
     state = wal.verify(_require_dir(args.dir), args.max_record_bytes)
     files = len(state.files)
+    if not files:
+        # Nothing was verified: most likely the wrong directory (docs/wal-format.md).
+        raise CliError(f"{args.dir}: no WAL file found (no NNNNNNNNNNNN.wal)", EXIT_USAGE)
     if state.torn_tail is not None:
         t = state.torn_tail
         print(f"{t.describe()}; repairable with 'vrepl wal repair {args.dir}'", file=sys.stderr)

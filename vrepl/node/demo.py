@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from vrepl.client import Client, OutcomeUnknownError
 from vrepl.node.local import LocalCluster
 from vrepl.node.statusview import print_view, view_from_cluster_status
+from vrepl.untrusted import printable
 
 # Extra end-of-demo checks: fn(cluster, tables, summary) -> (ok, one-line description).
 # The Spark validation registers itself here (vrepl.spark) once it lands.
@@ -106,7 +107,7 @@ def _write_phase(console: Console, client: Client, vgroup: int, label: str, tabl
             try:
                 client.write(vgroup, body)
             except OutcomeUnknownError as exc:   # never silently: say so, and do not count it
-                console.print(f"[yellow]outcome unknown[/]: {escape(str(exc))}")
+                console.print(f"[yellow]outcome unknown[/]: {escape(printable(exc))}")
             else:
                 acked[table].update(range(ts, ts + n))
             next_ts[table] = ts + n
@@ -139,7 +140,7 @@ def run_demo(args: argparse.Namespace) -> int:
         cluster.start()
         cluster.wait_ready()
         master = cluster.wait_master(slaves=2, timeout_s=20)
-        console.print(f"nodes up: " + ", ".join(f"n{n.id} http {n.http}"
+        console.print("nodes up: " + ", ".join(f"n{n.id} http {n.http}"
                                                for n in cluster.nodes.values())
                       + f"; master n{master}")
         print_cluster_status(Client(cluster.endpoints).cluster_status(), console)

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl, unquote
 
 from vrepl.errors import ConfigError
+from vrepl.untrusted import printable
 
 log = logging.getLogger("vrepl.node.http")
 
@@ -346,7 +347,7 @@ class HttpProtocol(asyncio.Protocol):
             try:
                 result = srv.handler(req)
             except Exception as exc:  # a bug: answer 500, keep serving
-                log.exception("handler failed on %s %s", method, path)
+                log.exception("handler failed on %s %s", printable(method), printable(path))  # the client's text
                 result = error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
             if isinstance(result, Response):
                 self._send(result, keep, req.route)

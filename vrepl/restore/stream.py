@@ -22,6 +22,7 @@ from vrepl.restore import protocol as P
 from vrepl.restore.errors import PeerError
 from vrepl.transport import codec
 from vrepl.transport.handshake import ClientHandshake, HandshakeError
+from vrepl.untrusted import printable
 
 HEADER = P.HEADER_BYTES
 _LEN = struct.Struct("<I")
@@ -90,7 +91,8 @@ class SyncStream:
         except FrameError as exc:
             raise PeerError(f"{self.peer}: {exc}") from None
         if type(msg) is P.Error:
-            raise PeerError(f"the other side stopped the restore: {msg.reason}")
+            # The reason is the peer's text: escaped before it reaches a log or a terminal.
+            raise PeerError(f"the other side stopped the restore: {printable(msg.reason)}")
         return msg
 
     def recv_raw(self, size: int, sink: Callable[[memoryview], None], chunk_bytes: int = RECV_CHUNK_BYTES,
