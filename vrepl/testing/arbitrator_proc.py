@@ -13,8 +13,9 @@ import sys
 
 
 class ArbitratorProcess:
-    def __init__(self, workdir: str, secret: bytes, lease_ms: int = 2000,
+    def __init__(self, workdir: str, secret: bytes, lease_ms: int | None = None,
                  extra: tuple[str, ...] = ()):
+        """`lease_ms` None: the arbitrator's default, which backs the replicas' default lease."""
         os.makedirs(workdir, exist_ok=True)
         secret_file = os.path.join(workdir, "secret")
         with open(secret_file, "wb") as fh:
@@ -22,7 +23,8 @@ class ArbitratorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "arbitrator.main", "--host", "127.0.0.1", "--port", "0",
              "--secret-file", secret_file, "--state-dir", os.path.join(workdir, "state"),
-             "--lease-ms", str(lease_ms), "--log-level", "info", *extra],
+             *(("--lease-ms", str(lease_ms)) if lease_ms is not None else ()),
+             "--log-level", "info", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
