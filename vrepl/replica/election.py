@@ -29,7 +29,7 @@ class Verdict(enum.Enum):
     UNSYNCED = "unsynced"  # fewer than a majority online
     FOLLOW = "follow"  # an online master of an epoch >= mine exists
     ANNOUNCE = "announce"  # I am the candidate: promise (epoch, me) and broadcast it
-    DEFER = "defer"  # I would announce, but a peer promised the newest epoch to a candidate it hears
+    DEFER = "defer"  # I would announce, but an election under way may have won already (bounded)
     ADOPT = "adopt"  # the candidate my view picks announced a newer epoch: promise it
     REQUEST_GRANT = "request_grant"  # even replica count: ask the arbitrator for my epoch
     WAIT = "wait"
@@ -143,6 +143,45 @@ def election_in_progress(inp: ElectionInput, newest: int) -> tuple[int, int] | N
     return None
 
 
+def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Decision | None:
+    """What the candidate does instead of announcing `epoch`, or None to announce it
+    (docs/design.md §2.4: no announcement that can only depose)."""
+    me, mine, my_node = inp.self_index, inp.views[inp.self_index], inp.nodes[inp.self_index]
+    promised = mine.promised_epoch
+    busy = election_in_progress(inp, epoch - 1) if inp.defer_allowed else None
+    if busy is not None:
+        p, x = busy
+        return Decision(
+            Verdict.DEFER, promised, inp.nodes[x],
+            f"n{inp.nodes[p]} promised e{epoch - 1} to n{inp.nodes[x]}, which it hears and I do not",
+        )
+    if inp.contest_allowed:
+        for x, (v, up) in enumerate(zip(inp.views, inp.online)):
+            if (
+                x != me
+                and up
+                and v.promised_master == inp.nodes[x]
+                and v.promised_epoch == epoch - 1
+                and (v.last_epoch, v.last_version) == (mine.last_epoch, mine.last_version)
+            ):
+                # A rival with my log announced itself for the newest epoch before it heard
+                # me (I win the tie only by list order) and may have won it already; its
+                # master status is a round trip away.
+                return Decision(
+                    Verdict.DEFER, promised, inp.nodes[x],
+                    f"n{inp.nodes[x]} announced itself for e{epoch - 1} too: a moment for its result",
+                )
+    if inp.arbitrator_used and not is_majority(online_count, len(inp.nodes), True) and inp.grant_epoch != epoch:
+        # The replicas I hear cannot win without the arbitrator: ask it first. A refusal
+        # (another node's lease is live) then leaves no promise that would depose that master
+        # as soon as the link heals.
+        return Decision(
+            Verdict.REQUEST_GRANT, epoch, my_node,
+            f"{online_count} of {len(inp.nodes)} replicas online: the arbitrator's vote first",
+        )
+    return None
+
+
 def decide(inp: ElectionInput) -> Decision:
     """One node's election decision from its own views (docs/design.md §2)."""
     n = len(inp.nodes)
@@ -209,34 +248,9 @@ def decide(inp: ElectionInput) -> Decision:
         reusable = inp.own_promise_reusable and mine.promised_master == my_node
         if not reusable or not others_below or promised <= mine.last_epoch:
             epoch = next_epoch(inp.views)
-            busy = election_in_progress(inp, epoch - 1) if inp.defer_allowed else None
-            if busy is not None:
-                p, x = busy
-                return Decision(
-                    Verdict.DEFER, promised, inp.nodes[x],
-                    f"n{inp.nodes[p]} promised e{epoch - 1} to n{inp.nodes[x]}, which it hears and I do not",
-                )
-            if inp.contest_allowed:
-                for x, (v, up) in enumerate(zip(inp.views, inp.online)):
-                    if (
-                        x != me
-                        and up
-                        and v.promised_master == inp.nodes[x]
-                        and v.promised_epoch == epoch - 1
-                        and (v.last_epoch, v.last_version) == (mine.last_epoch, mine.last_version)
-                    ):
-                        # A rival with my log announced itself for the newest epoch before it
-                        # heard me (I win the tie only by list order) and may have won it
-                        # already; its master status is an instant away (§2.4).
-                        return Decision(
-                            Verdict.DEFER, promised, inp.nodes[x],
-                            f"n{inp.nodes[x]} announced itself for e{epoch - 1} too: a moment for its result",
-                        )
-            if inp.arbitrator_used and not is_majority(online_count, n, True) and inp.grant_epoch != epoch:
-                # The replicas I hear cannot win without the arbitrator: ask it first. A refusal
-                # (another node's lease is live) then costs no promise, which would depose that
-                # master as soon as the link heals (docs/design.md §2.4).
-                return Decision(Verdict.REQUEST_GRANT, epoch, my_node, f"{online_count} of {n} replicas online: the arbitrator's vote first")
+            held = before_announcing(inp, epoch, online_count)
+            if held is not None:
+                return held
             return Decision(Verdict.ANNOUNCE, epoch, my_node, "highest (epoch, version) online")
         votes = promises_for(inp.views, inp.online, promised, my_node)
         grant = 1 if inp.arbitrator_used and inp.grant_epoch == promised else 0
