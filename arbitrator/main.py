@@ -1,6 +1,7 @@
 """`vrepl-arbitrator`: run the arbitrator from a TOML config and/or flags.
 
-Owns: configuration parsing and validation, logging setup (vrepl/logsetup.py, the nodes'
+Owns: configuration parsing and validation (including the lease margin a lease_ms can honour,
+docs/arbitrator.md), logging setup (vrepl/logsetup.py, the nodes'
 format), the metrics listener's life (arbitrator/metrics.py), signals (SIGHUP reopens the log
 file). Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad configuration (one line on stderr), 1
 could not start (port in use...).
@@ -16,14 +17,19 @@ import sys
 import tomllib
 
 from arbitrator.metrics import MetricsListener
-from arbitrator.server import Arbitrator, ArbitratorConfig
+from arbitrator.server import Arbitrator, ArbitratorConfig, max_backed_replica_lease_ms
 from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS, reopen_logs, setup_logging
+from vrepl.replica import Config as ReplicaConfig
 
 KEYS = {"host": str, "port": int, "secret": str, "secret_file": str, "state_dir": str,
-        "lease_ms": int, "max_connections": int, "handshake_timeout_ms": int,
+        "lease_ms": int, "clock_drift_ratio": float, "lease_allowance_ms": int,
+        "max_connections": int, "handshake_timeout_ms": int,
         "idle_timeout_ms": int, "log_level": str, "log_file": str, "log_format": str,
         "metrics_listen": str}
 DEFAULT_METRICS_LISTEN = "127.0.0.1:6043"
+DEFAULTS = ArbitratorConfig()
+# The lease a replica assumes with its default settings (arbitrator_lease_ticks x tick_ms).
+DEFAULT_REPLICA_LEASE_MS = ReplicaConfig(vgroup_id=0, replicas=(1,), self_index=0).arbitrator_lease_ms
 
 log = logging.getLogger("vrepl.arbitrator")
 
@@ -57,7 +63,8 @@ def load_config(path: str | None, overrides: dict) -> tuple[ArbitratorConfig, di
     for key, value in raw.items():
         if key not in KEYS:
             raise ConfigError(f"unknown setting '{key}' (known: {', '.join(sorted(KEYS))})")
-        if not isinstance(value, KEYS[key]) or isinstance(value, bool):
+        want = (int, float) if KEYS[key] is float else KEYS[key]  # TOML writes 0 for 0.0
+        if not isinstance(value, want) or isinstance(value, bool):
             raise ConfigError(f"setting '{key}' must be {KEYS[key].__name__}, got {value!r}")
     secret = raw.get("secret", "").encode()
     if raw.get("secret_file"):
@@ -73,12 +80,24 @@ def load_config(path: str | None, overrides: dict) -> tuple[ArbitratorConfig, di
     for key in ("lease_ms", "max_connections", "handshake_timeout_ms", "idle_timeout_ms"):
         if key in raw and raw[key] <= 0:
             raise ConfigError(f"setting '{key}' must be positive, got {raw[key]}")
+    if not 0 <= raw.get("clock_drift_ratio", 0) < 1:
+        raise ConfigError(f"setting 'clock_drift_ratio' must be in [0, 1), got {raw['clock_drift_ratio']}")
+    if raw.get("lease_allowance_ms", 0) < 0:
+        raise ConfigError(f"setting 'lease_allowance_ms' must be >= 0, got {raw['lease_allowance_ms']}")
     cfg = ArbitratorConfig(
-        host=raw.get("host", "127.0.0.1"), port=raw.get("port", 6042), secret=secret,
-        state_dir=raw.get("state_dir", "."), lease_ms=raw.get("lease_ms", 2000),
-        max_connections=raw.get("max_connections", 1024),
-        handshake_timeout_ms=raw.get("handshake_timeout_ms", 5000),
-        idle_timeout_ms=raw.get("idle_timeout_ms", 30000))
+        host=raw.get("host", DEFAULTS.host), port=raw.get("port", DEFAULTS.port), secret=secret,
+        state_dir=raw.get("state_dir", DEFAULTS.state_dir),
+        lease_ms=raw.get("lease_ms", DEFAULTS.lease_ms),
+        clock_drift_ratio=float(raw.get("clock_drift_ratio", DEFAULTS.clock_drift_ratio)),
+        lease_allowance_ms=raw.get("lease_allowance_ms", DEFAULTS.lease_allowance_ms),
+        max_connections=raw.get("max_connections", DEFAULTS.max_connections),
+        handshake_timeout_ms=raw.get("handshake_timeout_ms", DEFAULTS.handshake_timeout_ms),
+        idle_timeout_ms=raw.get("idle_timeout_ms", DEFAULTS.idle_timeout_ms))
+    if max_backed_replica_lease_ms(cfg) < 1:
+        # docs/design.md §5: every request would be refused.
+        raise ConfigError(f"lease_ms {cfg.lease_ms} backs no replica lease: it must exceed"
+                          f" lease_allowance_ms {cfg.lease_allowance_ms} (plus the clock drift"
+                          f" margin of the replica lease)")
     return cfg, raw
 
 
@@ -99,6 +118,11 @@ async def _run(cfg: ArbitratorConfig, metrics_at: tuple[str, int] | None) -> Non
     metrics = MetricsListener(arb, loop, *metrics_at) if metrics_at is not None else None
     try:
         await arb.start()
+        backed = max_backed_replica_lease_ms(cfg)
+        if backed < DEFAULT_REPLICA_LEASE_MS:
+            log.warning("arbitrator: lease_ms %d backs replica leases up to %d ms: replicas with"
+                        " the default lease (%d ms) will be refused", cfg.lease_ms, backed,
+                        DEFAULT_REPLICA_LEASE_MS, extra={"event": "config_warning"})
         print(f"vrepl-arbitrator: listening on {cfg.host}:{arb.port}", flush=True)
         if metrics is not None:
             host, port = metrics.address
@@ -129,7 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--state-dir", dest="state_dir", metavar="DIR",
                     help="directory where grants survive restarts (.)")
     ap.add_argument("--lease-ms", dest="lease_ms", type=int, metavar="MS",
-                    help="how long a grant holds (2000)")
+                    help="how long a grant holds (2500); must exceed the replicas' lease by"
+                    " the margin (docs/arbitrator.md §The lease margin)")
+    ap.add_argument("--clock-drift-ratio", dest="clock_drift_ratio", type=float, metavar="R",
+                    help="clock-rate difference allowed between replica and arbitrator (0.01)")
+    ap.add_argument("--lease-allowance-ms", dest="lease_allowance_ms", type=int, metavar="MS",
+                    help="fixed allowance for a late tick on the master (400)")
     ap.add_argument("--log-level", dest="log_level", help="debug, info, warning or error (info)")
     ap.add_argument("--log-file", dest="log_file", metavar="PATH", help="log file (stderr)")
     ap.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS,
@@ -144,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     overrides = {k: getattr(args, k) for k in ("host", "port", "secret_file", "state_dir",
-                                                "lease_ms", "log_level", "log_file", "log_format",
-                                                "metrics_listen")}
+                                                "lease_ms", "clock_drift_ratio",
+                                                "lease_allowance_ms", "log_level", "log_file",
+                                                "log_format", "metrics_listen")}
     logging_ready = False
     try:
         cfg, raw = load_config(args.config, overrides)

@@ -11,8 +11,10 @@ ArbitratorRequest(vgroup, node, epoch, lease_ms) with a grant only if no other n
 live lease for that vgroup and no newer epoch was ever granted; the master renews before the
 lease runs out and steps down when it cannot.
 
-Must not: grant a lease shorter than the one asked for (the master counts its lease from the
-moment it asked), forget a grant across a restart, or talk to anything but its clients.
+Must not: grant a lease that cannot back the one asked for (the master counts its lease from
+the moment it asked, on its own clock: lease_ms must be at least the asked lease x (1 +
+clock_drift_ratio) + lease_allowance_ms, docs/design.md §5), forget a grant across a
+restart, or talk to anything but its clients.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import time
 from dataclasses import dataclass
 
 from vrepl.errors import FrameError
-from vrepl.replica.lease import LeaseTable
+from vrepl.replica.lease import (DEFAULT_CLOCK_DRIFT_RATIO, DEFAULT_LEASE_ALLOWANCE_MS,
+                                 LeaseTable, lease_margin_refusal)
 from vrepl.replica.messages import ArbitratorGrant, ArbitratorRequest
 from vrepl.transport import codec
 from vrepl.transport.handshake import (HANDSHAKE_MAX_FRAME_BYTES, FramedStream,
@@ -42,10 +45,26 @@ class ArbitratorConfig:
     port: int = 6042
     secret: bytes = b""
     state_dir: str = "."
-    lease_ms: int = 2000          # how long a grant holds; requests above it are refused
+    lease_ms: int = 2500          # how long a grant holds (docs/arbitrator.md: the margin rule)
+    clock_drift_ratio: float = DEFAULT_CLOCK_DRIFT_RATIO
+    lease_allowance_ms: int = DEFAULT_LEASE_ALLOWANCE_MS
     max_connections: int = 1024
     handshake_timeout_ms: int = 5000
     idle_timeout_ms: int = 30000  # a client silent this long is disconnected
+
+
+def max_backed_replica_lease_ms(cfg: ArbitratorConfig) -> int:
+    """The longest replica lease (arbitrator_lease_ticks x tick_ms) this arbitrator's lease can
+    back under the margin rule (0: none)."""
+    lo, hi = 0, cfg.lease_ms
+    while lo < hi:  # the rule is monotonic in the replica lease: bisect on it
+        mid = (lo + hi + 1) // 2
+        if lease_margin_refusal(cfg.lease_ms, mid, cfg.clock_drift_ratio,
+                                cfg.lease_allowance_ms) is None:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _now_ms() -> int:
@@ -82,6 +101,7 @@ class Arbitrator:
         self.grant_kinds: dict[str, int] = {"new": 0, "renewal": 0}
         self.refusal_reasons: dict[str, int] = {}
         self.connections_closed: dict[str, int] = {}
+        self._margin_warned: set[tuple[int, int, int]] = set()  # (vgroup, node, lease asked)
         self._load_state()
 
     # -- state across restarts -------------------------------------------------------------
@@ -126,11 +146,20 @@ class Arbitrator:
     def decide(self, req: ArbitratorRequest, now_ms: int | None = None) -> ArbitratorGrant:
         """Answer one request (pure apart from the state file)."""
         now = _now_ms() if now_ms is None else now_ms
+        cfg = self.config
         new = False
-        if req.lease_ms > self.config.lease_ms:
-            reason = (f"lease of {req.lease_ms} ms asked, this arbitrator grants at most"
-                      f" {self.config.lease_ms} ms (config lease_ms)")
-            code = "lease_too_long"
+        level = logging.INFO
+        short = lease_margin_refusal(cfg.lease_ms, req.lease_ms, cfg.clock_drift_ratio,
+                                     cfg.lease_allowance_ms)
+        if short is not None:
+            # docs/design.md §5: granting would let the master believe in its lease after
+            # this arbitrator may have given it to another node. Renewals repeat the request
+            # every heartbeat interval: a warning once per (vgroup, node, lease asked).
+            reason = f"lease of {req.lease_ms} ms asked: {short} (raise lease_ms)"
+            code = "lease_margin"
+            key = (req.vgroup_id, req.node, req.lease_ms)
+            level = logging.DEBUG if key in self._margin_warned else logging.WARNING
+            self._margin_warned.add(key)
         else:
             before = self.leases.granted().get(req.vgroup_id)
             reason = self.leases.request(req.vgroup_id, req.node, req.epoch, now)
@@ -146,14 +175,14 @@ class Arbitrator:
             # A new holder or epoch is news; the renewals every heartbeat are not.
             log.log(logging.INFO if new else logging.DEBUG, "arbitrator: vg%d n%d e%d: %s, lease %d ms",
                     req.vgroup_id, req.node, req.epoch, "granted" if new else "renewed",
-                    self.config.lease_ms, extra={"event": "grant" if new else "renewal", **ids,
-                                                 "lease_ms": self.config.lease_ms})
+                    cfg.lease_ms, extra={"event": "grant" if new else "renewal", **ids,
+                                         "lease_ms": cfg.lease_ms})
         else:
             self.refusals += 1
             self.refusal_reasons[code] = self.refusal_reasons.get(code, 0) + 1
-            log.info("arbitrator: vg%d n%d e%d: refused: %s", req.vgroup_id, req.node,
-                     req.epoch, reason, extra={"event": "refusal", **ids, "reason": code})
-        return ArbitratorGrant(req.vgroup_id, req.node, req.epoch, self.config.lease_ms,
+            log.log(level, "arbitrator: vg%d n%d e%d: refused: %s", req.vgroup_id, req.node,
+                    req.epoch, reason, extra={"event": "refusal", **ids, "reason": code})
+        return ArbitratorGrant(req.vgroup_id, req.node, req.epoch, cfg.lease_ms,
                                1 if granted else 0)
 
     # -- network ---------------------------------------------------------------------------
@@ -161,8 +190,11 @@ class Arbitrator:
         self._server = await asyncio.start_server(self._on_client, self.config.host,
                                                   self.config.port)
         addr = self._server.sockets[0].getsockname()
-        log.info("arbitrator: listening on %s:%d, lease %d ms, state %s", addr[0], addr[1],
-                 self.config.lease_ms, self.state_path, extra={"event": "listening"})
+        cfg = self.config
+        log.info("arbitrator: listening on %s:%d, lease %d ms (backs replica leases up to %d ms:"
+                 " clock_drift_ratio %g, lease_allowance_ms %d), state %s", addr[0], addr[1],
+                 cfg.lease_ms, max_backed_replica_lease_ms(cfg), cfg.clock_drift_ratio,
+                 cfg.lease_allowance_ms, self.state_path, extra={"event": "listening"})
 
     @property
     def port(self) -> int:

@@ -171,7 +171,7 @@ class LibCluster:
         arb_addr = None
         if n == 2:
             from vrepl.testing.arbitrator_proc import ArbitratorProcess
-            self.arb = ArbitratorProcess(str(base / "arb"), secret.encode(), lease_ms=2000)
+            self.arb = ArbitratorProcess(str(base / "arb"), secret.encode())
             arb_addr = self.arb.address
         for i in range(n):
             d = base / f"lib{i + 1}"

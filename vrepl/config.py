@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from vrepl.errors import ConfigError
 from vrepl.replica import Config as ReplicaConfig
 from vrepl.replica import config_invalid
+from vrepl.replica.lease import DEFAULT_CLOCK_DRIFT_RATIO, DEFAULT_LEASE_ALLOWANCE_MS
 
 MiB = 1024 * 1024
 
@@ -77,6 +78,8 @@ class SyncConfig:
     heartbeat_timeout_ticks: int = 20
     forward_timeout_ticks: int = 20
     arbitrator_lease_ticks: int = 20
+    clock_drift_ratio: float = DEFAULT_CLOCK_DRIFT_RATIO  # lease margin (docs/design.md §5)
+    lease_allowance_ms: int = DEFAULT_LEASE_ALLOWANCE_MS
     reconnect_interval_ms: int = 1000
     handshake_timeout_ms: int = 5000
     # limits
@@ -125,6 +128,8 @@ class SyncConfig:
             heartbeat_timeout_ticks=self.heartbeat_timeout_ticks,
             forward_timeout_ticks=self.forward_timeout_ticks,
             arbitrator_lease_ticks=self.arbitrator_lease_ticks,
+            clock_drift_ratio=self.clock_drift_ratio,
+            lease_allowance_ms=self.lease_allowance_ms,
             max_inflight_forwards=self.max_inflight_forwards,
             sync_cache_max_records=self.sync_cache_max_records,
             sync_cache_max_bytes=self.sync_cache_max_bytes,

@@ -728,7 +728,8 @@ class SyncInstance:
         if msg.vgroup_id != self.cfg.vgroup_id or msg.node != self.node:
             self._drop_conn(conn, f"{msg.describe()} is not for vg{self.cfg.vgroup_id} n{self.node}")
             return
-        self._step(ArbitratorGranted(msg.epoch) if msg.granted else ArbitratorRefused(msg.epoch))
+        event = ArbitratorGranted if msg.granted else ArbitratorRefused
+        self._step(event(msg.epoch, msg.lease_ms))
 
     def _drop_conn(self, conn: Connection, reason: str) -> None:
         conn.abort(reason, logging.WARNING)

@@ -22,7 +22,10 @@ def arb(tmp_path):
     procs = []
 
     def start(lease_ms=600):
-        p = ArbitratorProcess(str(tmp_path), SECRET, lease_ms=lease_ms)
+        # Short leases for quick tests: 600 ms backs the 500 ms asked below with the margin
+        # (500 x 1.01 + 50 = 555 ms, docs/design.md §5).
+        p = ArbitratorProcess(str(tmp_path), SECRET, lease_ms=lease_ms,
+                              extra=("--lease-allowance-ms", "50"))
         procs.append(p)
         return p
 
@@ -39,7 +42,7 @@ async def _client(port, node, vgroup=7, secret=SECRET):
     return stream
 
 
-async def _ask(stream, vgroup, node, epoch, lease_ms=600) -> ArbitratorGrant:
+async def _ask(stream, vgroup, node, epoch, lease_ms=500) -> ArbitratorGrant:
     stream.send(ArbitratorRequest(vgroup, node, epoch, lease_ms))
     await stream.drain()
     msg = await asyncio.wait_for(stream.recv(), 5)
@@ -128,7 +131,7 @@ def test_bad_clients_refused_and_arbitrator_keeps_serving(arb):
         w.close()
         # a request for another node than the one authenticated
         n0 = await _client(a.port, 0)
-        n0.send(ArbitratorRequest(7, 1, 1, 600))
+        n0.send(ArbitratorRequest(7, 1, 1, 500))
         await n0.drain()
         with pytest.raises((EOFError, ConnectionError)):
             await asyncio.wait_for(n0.recv(), 5)

@@ -67,7 +67,7 @@ def wait_for(cond, timeout_s, what):
 @pytest.fixture()
 def group(tmp_path):
     """Node 1 (lowest port) dials node 2 through the proxy; both reach the arbitrator."""
-    arb = ArbitratorProcess(str(tmp_path / "arb"), SECRET, lease_ms=2000)
+    arb = ArbitratorProcess(str(tmp_path / "arb"), SECRET)  # default lease: backs the replicas' with the margin
     # Both nodes must agree that node 1 has the lower address (the lower side dials), so
     # node 1 gets the lowest of the three ports.
     p1, p_proxy, p2 = sorted(free_port() for _ in range(3))

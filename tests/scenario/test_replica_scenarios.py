@@ -444,6 +444,173 @@ def test_two_replicas_master_without_lease_or_peer_steps_down():
     assert net.masters() in ([], [1]) and net.nodes[0].role == Role.UNSYNCED
 
 
+# ---------------------------------------------------------------------- churn (docs/design.md §2.4)
+
+
+def test_start_up_defers_to_an_election_a_peer_takes_part_in():
+    """Churn (a): at start-up n1 and n2 elect n1 (n2 adopts e1@n1); n0 reaches n2 before it
+    can reach n1 (its first connection attempt failed). n2's status says "promised e1 to n1,
+    which I hear". n0 wins every tie by list order and used to announce e2 at once, deposing
+    n1 as soon as the two met (e1 -> e2, a step-down ~100 ms after start). Now it defers."""
+    net = Net(3)
+    net.start(connect=False)
+    net.connect(1, 2)
+    net.deliver(1, 2)
+    net.deliver(2, 1)  # n1 announces e1 (tie, earlier in the list)
+    net.deliver(1, 2)  # n2 adopts e1 for n1
+    assert net.nodes[2].promise == (1, 1)
+    net.take_trace()
+    net.connect(0, 2)
+    net.deliver(0, 2)
+    assert net.pending(2, 0)[-1] == (
+        "status from n2 [unsynced e0v0 p0@-, unsynced e0v0 p1@n1, unsynced e0v0 p1@n1]"
+    )
+    net.take_trace()
+    net.deliver(2, 0)  # n0: 2 of 3 online, best log by the tie-break... but n1's election is on
+    assert net.take_trace() == []  # no persist_promised_epoch e2: nothing that could depose n1
+    assert net.nodes[0].promise == (0, -1)
+    assert "vg7 n0 e0: election defer e0 n1: n2 promised e1 to n1, which it hears and I do not" in " ".join(
+        net.logs[-3:]
+    )
+    net.deliver(2, 1)  # n1 gets the promise: master of e1
+    net.run()
+    assert net.masters() == [1]
+    net.connect(0, 1)  # the retry a second later
+    net.run()
+    assert net.masters() == [1]
+    assert [net.nodes[n].replica.promised_epoch for n in (0, 1, 2)] == [1, 1, 1]
+    assert [net.nodes[n].roles for n in (0, 1, 2)] == [["syncing", "slave"], ["master"], ["syncing", "slave"]]
+
+
+def test_start_up_tie_goes_to_the_candidate_that_announced_first():
+    """Churn (a), second form: n0 hears n1 itself while n1's election is on (n1 announced e1,
+    n2 adopted it). On equal logs the announced candidate wins the tie, so n0 adopts e1
+    instead of announcing e2 over it."""
+    net = Net(3)
+    net.start(connect=False)
+    net.connect(1, 2)
+    net.deliver(1, 2)
+    net.deliver(2, 1)  # n1 announces e1
+    net.connect(0, 1)
+    net.deliver(1, 0)  # n0 hears n1's status on connect: p1@n1
+    net.take_trace()
+    net.deliver(1, 0)
+    net.deliver(0, 1)
+    net.run()
+    assert net.masters() == [1]
+    assert [net.nodes[n].replica.promised_epoch for n in (0, 1, 2)] == [1, 1, 1]
+    assert "persist_promised_epoch e2" not in " ".join(net.trace)
+    assert net.nodes[1].roles == ["master"]
+
+
+def test_start_up_rival_candidates_of_one_epoch_the_tie_winner_waits_a_moment():
+    """Churn (a), third form: n0 and n1 each announced e1 before hearing each other (n0 with
+    n2's stale status, n1 with n2's adoption on its way). n0 wins the tie by list order only;
+    it used to announce e2 at once and depose n1, master of e1 a moment later. It now waits
+    up to heartbeat_interval_ticks for n1's result and follows it."""
+    net = Net(3)
+    net.start(connect=False)
+    net.connect(1, 2)
+    net.deliver(1, 2)
+    net.deliver(2, 1)  # n1 announces e1 (its status to n2 is queued)
+    net.connect(0, 2)
+    net.deliver(2, 0)  # n0 hears n2 (p0, n1 unsynced p0): n0 announces e1 too
+    assert net.nodes[0].promise == (1, 0)
+    net.deliver(1, 2)  # n2 adopts e1 for n1 (n0's statuses still queued)
+    assert net.nodes[2].promise == (1, 1)
+    net.connect(0, 1)
+    net.take_trace()
+    net.deliver(1, 0)  # n0 hears n1: a rival for e1 with the same log
+    net.deliver(1, 0)
+    assert net.take_trace(0) == []  # no persist_promised_epoch e2
+    assert "election defer e1 n1: n1 announced itself for e1 too: a moment for its result" in " ".join(net.logs[-3:])
+    net.deliver(2, 1, count=5)  # n1 gets n2's promise: master of e1
+    net.run()
+    assert net.masters() == [1]
+    assert [net.nodes[n].replica.promised_epoch for n in (0, 1, 2)] == [1, 1, 1]
+    assert net.nodes[1].roles == ["master"]
+
+
+def test_deferring_is_bounded_by_the_heartbeat_timeout():
+    """§2.4: the deferral lasts at most heartbeat_timeout_ticks; if the peer's candidate does
+    not show up as master by then, n0 announces as before (liveness)."""
+    from vrepl.replica import Heartbeat, PeerView, Status
+
+    r = Replica(Config(vgroup_id=7, replicas=(0, 1, 2), self_index=0))
+    r.start()
+    r.step(PeerConnected(2))
+    blank = PeerView(Role.UNSYNCED, 0, 0, 0, -1)
+    mine = PeerView(Role.UNSYNCED, 0, 0, 1, 1)
+    out = r.step(Received(2, Status(2, (blank, mine, mine))))
+    assert no_logs(out) == [] and r.promised_epoch == 0
+    for tick in range(1, 20):
+        out = r.tick()
+        r.step(Received(2, Heartbeat(mine)))  # n2 stays online and keeps its promise
+        assert "persist_promised_epoch" not in " ".join(no_logs(out)), tick
+    out = r.tick()  # tick 20: deferred since tick 0 for heartbeat_timeout_ticks
+    assert no_logs(out)[:3] == [
+        "send n2 heartbeat unsynced e0v0 p0@-",
+        "persist_promised_epoch e2 for n0",
+        "send n2 status from n0 [unsynced e0v0 p2@n0, offline e0v0 p0@-, unsynced e0v0 p1@n1]",
+    ]
+
+
+def test_two_replicas_healed_cut_keeps_the_master_and_its_epoch():
+    """Churn (b): 2 replicas + arbitrator, link cut then healed. The cut-off replica used to
+    promise itself e2 before asking the arbitrator (refused: the master's lease is live); on
+    heal the master saw that newer promise and stepped down, then re-elected itself at e3.
+    Now it asks the arbitrator first and promises nothing when refused."""
+    net = Net(2, arbitrator=True)
+    net.start(connect=False)
+    net.arbitrator_connect(0)
+    net.arbitrator_connect(1)
+    net.connect_all()
+    net.run()
+    net.tick(6)  # the master holds a lease
+    assert net.masters() == [0] and net.lease.holder(7, net.now_tick) == (0, 1)
+    net.take_trace()
+    net.cut(0, 1)
+    net.tick(40)
+    trace = net.take_trace(1)
+    assert "n1: request_arbitrator_grant e2" in trace
+    assert not [t for t in trace if "persist_promised_epoch" in t]
+    assert net.nodes[1].promise == (1, 0) and net.nodes[1].role == Role.UNSYNCED
+    net.heal(0, 1)
+    net.run()
+    assert net.masters() == [0] and net.nodes[1].role == Role.SLAVE
+    assert [net.nodes[n].replica.promised_epoch for n in (0, 1)] == [1, 1]
+    assert net.nodes[0].roles == ["master"]  # never stepped down
+
+
+def test_grant_first_candidate_claims_the_epoch_it_was_granted():
+    """§2.4: a candidate that asked the arbitrator for e1 before promising must not promise e1
+    to another candidate while it waits, and promises e1 to itself when granted, so no other
+    node can be elected in e1 and be refused a lease for ever ("e1 was granted to n1")."""
+    net = Net(2, arbitrator=True)
+    net.start(connect=False)
+    net.arbitrator_connect(1)  # n1 alone: asks for e1 first
+    assert net.take_trace(1)[-1] == "n1: request_arbitrator_grant e1"
+    answer = net.local.popleft()  # the arbitrator's answer is on its way
+    net.arbitrator_connect(0)
+    net.connect(0, 1)
+    net.deliver(1, 0)
+    net.deliver(0, 1)  # n1 hears n0 (the tie-break winner), then n0 announces e1
+    net.deliver(0, 1)
+    net.take_trace()
+    net.deliver(1, 0)
+    net.deliver(0, 1)
+    assert net.nodes[1].promise == (0, -1)  # waits for the arbitrator's answer
+    assert net.logs[-1].startswith("vg7 n1 e0: election wait e0 n0: asked the arbitrator for e1: its answer first")
+    net.step(*answer)  # granted: e1 is n1's own
+    assert net.nodes[1].promise == (1, 1)
+    net.run()
+    net.tick(6)
+    assert net.masters() == [0] and net.nodes[0].replica.promised_epoch == 2
+    assert net.lease.holder(7, net.now_tick) == (1, 1)  # n1's unused e1 lease runs out first
+    net.tick(30)
+    assert net.lease.holder(7, net.now_tick) == (0, 2)
+
+
 # ---------------------------------------------------------------------- forwarding
 
 

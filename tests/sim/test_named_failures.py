@@ -74,7 +74,10 @@ def test_arbitrator_restarted_while_master_down(forgets):
 def test_replica2_arbitrator_direct_link_cut_exactly_one_master():
     # Seed Split Brain: with the replica link cut and both replicas reaching the arbitrator,
     # TDengine 2.0 had two masters. The lease holder stays master, the other stays unsynced.
-    w = calm(2, 5)
+    # No slow messages: one renewal held up longer than the lease (the calm default lets 2 %
+    # of messages take up to 25 ticks) rightly costs the master its lease, and whether a
+    # seed draws one was luck (about a third of seeds passed, before and after §2.4).
+    w = calm(2, 5, slow_message_rate=0.0)
     m = elect(w)
     w.run_ticks(20)
     w.cut(0, 1)

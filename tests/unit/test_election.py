@@ -94,12 +94,21 @@ ROWS = [
     ("two_replicas_master_with_lease_stays", 0, ["M e1v3 p1@0", "O e1v3 p1@0"], "10", "c1", V.STAY_MASTER, 1, 0),
     ("two_replicas_master_connection_without_lease_steps_down", 0, ["M e1v3 p1@0", "O e1v3 p1@0"], "10", "c", V.STEP_DOWN, 1, NO_NODE),
     ("two_replicas_lease_of_old_epoch_does_not_count", 0, ["M e1v3 p2@0", "O e1v3 p1@0"], "10", "c1", V.STEP_DOWN, 2, NO_NODE),
-    ("two_replicas_arbitrator_connection_counts_online", 1, ["O e1v3 p1@0", "U e1v3 p1@0"], "01", "c", V.ANNOUNCE, 2, 1),
+    # The arbitrator connection counts as online (no UNSYNCED); a candidate that cannot win
+    # without the arbitrator asks for its vote BEFORE it promises itself a new epoch, so a
+    # refusal (the master's lease is live across a cut link) leaves no promise that would
+    # depose that master when the link heals (docs/design.md §2.4, churn b).
+    ("two_replicas_arbitrator_connection_counts_online", 1, ["O e1v3 p1@0", "U e1v3 p1@0"], "01", "c", V.REQUEST_GRANT, 2, 1),
+    ("two_replicas_grant_first_then_announce", 1, ["O e1v3 p1@0", "U e1v3 p1@0"], "01", "c2", V.ANNOUNCE, 2, 1),
+    ("two_replicas_grant_for_an_older_epoch_is_no_vote", 1, ["O e1v3 p2@0", "U e1v3 p1@0"], "01", "c2", V.REQUEST_GRANT, 3, 1),
+    ("two_replicas_both_online_announce_without_arbitrator", 0, ["U e1v3 p1@0", "U e1v3 p1@0"], "11", "c", V.ANNOUNCE, 2, 0),
     ("two_replicas_candidate_asks_arbitrator", 1, ["O e1v3 p1@0", "U e1v3 p2@1"], "01", "c", V.REQUEST_GRANT, 2, 1),
     ("two_replicas_candidate_with_grant_becomes_master", 1, ["O e1v3 p1@0", "U e1v3 p2@1"], "01", "c2", V.BECOME_MASTER, 2, 1),
     ("two_replicas_both_promise_without_arbitrator_grant", 0, ["U e1v3 p2@0", "U e1v3 p2@0"], "11", "c", V.BECOME_MASTER, 2, 0),
     ("two_replicas_no_arbitrator_connection_unsynced", 1, ["O e1v3 p1@0", "U e1v3 p1@0"], "01", "g1", V.UNSYNCED, 1, NO_NODE),
-    ("four_replicas_two_plus_arbitrator_is_majority", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "O e1v3 p1@0"], "0110", "c", V.ANNOUNCE, 2, 1),
+    ("four_replicas_two_plus_arbitrator_is_majority", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "O e1v3 p1@0"], "0110", "c", V.REQUEST_GRANT, 2, 1),
+    ("four_replicas_two_plus_grant_announce", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "O e1v3 p1@0"], "0110", "c2", V.ANNOUNCE, 2, 1),
+    ("four_replicas_three_online_announce_first", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "U e1v3 p1@0"], "0111", "c", V.ANNOUNCE, 2, 1),
 ]
 
 
@@ -130,6 +139,11 @@ def test_is_majority(votes, n, arbitrator, expected):
         (["U e2v9 p2@0", "U e2v9 p2@1"], "11", 0),  # tie: list order
         (["U e2v9 p2@0", "U e2v1 p2@1"], "01", 1),  # offline never picked
         (["S e1v3 p1@0", "U e1v4 p1@1", "M e1v2 p1@1"], "111", 1),  # role never counts
+        (["U e2v9 p2@1", "U e2v9 p3@1", "U e2v9 p4@2"], "111", 2),  # tie: announced itself (§2.4)
+        (["U e2v9 p2@1", "U e2v9 p3@1", "U e2v9 p3@2"], "111", 1),  # ... same epoch: list order
+        (["U e2v9 p4@0", "U e2v9 p3@1", "U e2v9 p3@2"], "111", 0),  # ... for the newest epoch
+        (["U e2v9 p2@1", "U e2v9 p5@2", "U e2v9 p3@2"], "111", 2),  # a promise to another is no claim
+        (["U e2v9 p2@1", "U e2v8 p9@1", "U e2v9 p0@-"], "111", 0),  # never over a better log
     ],
 )
 def test_pick_candidate(views, online, expected):
@@ -143,3 +157,74 @@ def test_next_epoch_is_above_every_promise_seen_even_offline():
 def test_decision_describe_is_one_line():
     d = Decision(Verdict.FOLLOW, 4, 2, "online master")
     assert d.describe() == "follow e4 n2: online master"
+
+
+# --- §2.4: a candidate defers to a peer's promise for a candidate that peer still hears
+# (churn a: at start-up n0 heard n2's status "promised e1 to n1" before it could reach n1,
+# announced e2 and deposed n1, the master of e1, as soon as the two met).
+DEFER_ROWS = [
+    # name, my views, online, the report of replica 2 (its status views), defer_allowed -> verdict, epoch, master
+    ("startup_peer_promised_to_a_candidate_it_hears",
+     ["U e0v0 p0@-", "O e0v0 p0@-", "U e0v0 p1@1"], "101", ["U e0v0 p0@-", "U e0v0 p1@1", "U e0v0 p1@1"], True,
+     V.DEFER, 0, 1),
+    ("the_peer_reports_the_candidate_offline",
+     ["U e0v0 p0@-", "O e0v0 p0@-", "U e0v0 p1@1"], "101", ["U e0v0 p0@-", "O e0v0 p1@1", "U e0v0 p1@1"], True,
+     V.ANNOUNCE, 2, 0),
+    ("deferred_for_a_heartbeat_timeout_announces",
+     ["U e0v0 p0@-", "O e0v0 p0@-", "U e0v0 p1@1"], "101", ["U e0v0 p0@-", "U e0v0 p1@1", "U e0v0 p1@1"], False,
+     V.ANNOUNCE, 2, 0),
+    ("no_status_from_the_peer_yet",
+     ["U e0v0 p0@-", "O e0v0 p0@-", "U e0v0 p1@1"], "101", None, True,
+     V.ANNOUNCE, 2, 0),
+    ("a_newer_promise_was_seen_elsewhere",
+     ["U e3v5 p3@1", "O e3v5 p4@1", "U e3v5 p3@1"], "101", ["U e3v5 p3@1", "U e3v5 p3@1", "U e3v5 p3@1"], True,
+     V.ANNOUNCE, 5, 0),
+    # A candidate I hear is judged by the usual rules: on equal logs the one that announced
+    # itself first wins the tie (pick_candidate), so I adopt its epoch instead of deposing it.
+    ("a_candidate_I_hear_who_announced_wins_the_tie",
+     ["U e0v0 p0@-", "U e0v0 p1@1", "U e0v0 p1@1"], "111", ["U e0v0 p0@-", "U e0v0 p1@1", "U e0v0 p1@1"], True,
+     V.ADOPT, 1, 1),
+    ("a_peer_announced_for_itself",
+     ["U e0v0 p0@-", "O e0v0 p0@-", "U e0v0 p1@2"], "101", ["U e0v0 p0@-", "U e0v0 p0@-", "U e0v0 p1@2"], True,
+     V.ADOPT, 1, 2),
+    ("a_better_log_still_beats_an_announced_candidate",
+     ["U e0v1 p0@-", "O e0v0 p0@-", "U e0v0 p1@2"], "101", ["U e0v0 p0@-", "U e0v0 p0@-", "U e0v0 p1@2"], True,
+     V.ANNOUNCE, 2, 0),
+    ("a_promise_to_me_is_mine_to_use",
+     ["U e2v0 p3@0", "O e0v0 p0@-", "U e0v0 p3@0"], "101", ["U e2v0 p3@0", "U e0v0 p0@-", "U e0v0 p3@0"], True,
+     V.BECOME_MASTER, 3, 0),
+]
+
+
+@pytest.mark.parametrize(
+    "views,online,report,allowed,verdict,epoch,master",
+    [row[1:] for row in DEFER_ROWS],
+    ids=[row[0] for row in DEFER_ROWS],
+)
+def test_decide_defers_to_an_election_in_progress(views, online, report, allowed, verdict, epoch, master):
+    base = inp(0, views, online)
+    reports = (None, None, None if report is None else tuple(view(v) for v in report))
+    d = decide(ElectionInput(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                                "reports": reports, "defer_allowed": allowed}))
+    assert (d.verdict, d.epoch, d.master) == (verdict, epoch, master), d.describe()
+    if verdict is V.DEFER:
+        assert d.describe() == "defer e0 n1: n2 promised e1 to n1, which it hears and I do not"
+
+
+# --- §2.4: a rival with my log announced itself for the same newest epoch (both before
+# hearing each other; I win the tie by list order only): a short wait for its result.
+@pytest.mark.parametrize(
+    "views,allowed,verdict,epoch,master",
+    [
+        (["U e0v0 p1@0", "U e0v0 p1@1", "U e0v0 p0@-"], True, V.DEFER, 1, 1),
+        (["U e0v0 p1@0", "U e0v0 p1@1", "U e0v0 p0@-"], False, V.ANNOUNCE, 2, 0),  # waited long enough
+        (["U e0v1 p1@0", "U e0v0 p1@1", "U e0v0 p0@-"], True, V.ANNOUNCE, 2, 0),  # my log is better
+        (["U e0v0 p1@0", "U e0v0 p1@2", "U e0v0 p0@-"], True, V.ANNOUNCE, 2, 0),  # a promise to another is no rival
+    ],
+)
+def test_decide_gives_a_rival_candidate_a_moment(views, allowed, verdict, epoch, master):
+    base = inp(0, views, "111")
+    d = decide(ElectionInput(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, "contest_allowed": allowed}))
+    assert (d.verdict, d.epoch, d.master) == (verdict, epoch, master), d.describe()
+    if verdict is V.DEFER:
+        assert d.describe() == "defer e1 n1: n1 announced itself for e1 too: a moment for its result"

@@ -146,6 +146,8 @@ def _type_ok(value: Any, want: type) -> bool:
         return type(value) is int
     if want is str:
         return type(value) is str
+    if want is float:
+        return type(value) in (int, float)  # TOML writes 0 for 0.0
     return isinstance(value, want)
 
 
@@ -338,7 +340,7 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     _unknown(s, set(SYNC_TUNABLES), "sync.")
     svals: dict[str, Any] = {}
     for name in s:
-        want = bool if name == "app_ack_required" else int
+        want = {"app_ack_required": bool, "clock_drift_ratio": float}.get(name, int)
         svals[name] = _get(s, name, want, None, "sync.")
     rcfg = _restore_settings(doc.get("restore", {}))
     cfg = NodeConfig(path=path, node_id=node_id, data_dir=data_dir, secret=secret, nodes=nodes,

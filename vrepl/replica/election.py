@@ -29,6 +29,7 @@ class Verdict(enum.Enum):
     UNSYNCED = "unsynced"  # fewer than a majority online
     FOLLOW = "follow"  # an online master of an epoch >= mine exists
     ANNOUNCE = "announce"  # I am the candidate: promise (epoch, me) and broadcast it
+    DEFER = "defer"  # I would announce, but an election under way may have won already (bounded)
     ADOPT = "adopt"  # the candidate my view picks announced a newer epoch: promise it
     REQUEST_GRANT = "request_grant"  # even replica count: ask the arbitrator for my epoch
     WAIT = "wait"
@@ -56,6 +57,16 @@ class ElectionInput:
     arbitrator is one more member (majorities are of n + 1). `arbitrator_connected` counts it
     as online; `grant_epoch` is the epoch of a live arbitrator grant/lease held by this node
     (0 when none), which counts it as a promise/vote.
+    `own_promise_reusable` is False for a promise to itself read back from disk at start-up
+    (§2.3: a restarted master always takes a new epoch).
+    `asked_epoch` is an epoch above this node's promise that it asked the arbitrator for and
+    has no answer yet (0 when none): if granted, this node's own promise for that epoch goes
+    to itself, so it must not promise that epoch to another candidate meanwhile (§2.4).
+    `reports[i]` is the views replica i sent in its last status (None when none arrived):
+    which replicas *it* hears, for the deferral rule (§2.4). `defer_allowed` is False once
+    this node has deferred for `heartbeat_timeout_ticks`: it then announces anyway.
+    `contest_allowed` is True while it has deferred for less than `heartbeat_interval_ticks`:
+    the shorter wait for a rival that announced itself for the same newest epoch (§2.4).
     """
 
     nodes: tuple[int, ...]
@@ -65,6 +76,11 @@ class ElectionInput:
     arbitrator_used: bool = False
     arbitrator_connected: bool = False
     grant_epoch: int = 0
+    asked_epoch: int = 0
+    own_promise_reusable: bool = True
+    reports: tuple[tuple[PeerView, ...] | None, ...] | None = None
+    defer_allowed: bool = True
+    contest_allowed: bool = False
 
 
 def is_majority(votes: int, replica_count: int, arbitrator_used: bool) -> bool:
@@ -73,15 +89,24 @@ def is_majority(votes: int, replica_count: int, arbitrator_used: bool) -> bool:
     return votes * 2 > members
 
 
-def pick_candidate(views: tuple[PeerView, ...], online: tuple[bool, ...]) -> int | None:
-    """Index of the online replica with the highest (last_epoch, last_version); ties go to
-    the earlier index. Never prefer a role over a better log (docs/design.md §2.2)."""
+def pick_candidate(
+    views: tuple[PeerView, ...], online: tuple[bool, ...], nodes: tuple[int, ...] | None = None
+) -> int | None:
+    """Index of the online replica with the highest (last_epoch, last_version). Never prefer a
+    role over a better log (docs/design.md §2.2). Equal logs go to the replica that announced
+    itself for the newest epoch (its promise to itself: an election already under way, which
+    a later node winning the tie would only restart, §2.4), then to the earlier index.
+    `nodes` are the replicas' node ids (default: their indices)."""
+    ids = nodes if nodes is not None else tuple(range(len(views)))
     best = None
+    best_key = None
     for i, (view, up) in enumerate(zip(views, online)):
         if not up:
             continue
-        if best is None or (view.last_epoch, view.last_version) > (views[best].last_epoch, views[best].last_version):
-            best = i
+        own = view.promised_epoch if view.promised_master == ids[i] else 0
+        key = (view.last_epoch, view.last_version, own)
+        if best_key is None or key > best_key:
+            best, best_key = i, key
     return best
 
 
@@ -95,6 +120,66 @@ def promises_for(views: tuple[PeerView, ...], online: tuple[bool, ...], epoch: i
     return sum(
         1 for v, up in zip(views, online) if up and v.promised_epoch == epoch and v.promised_master == candidate
     )
+
+
+def election_in_progress(inp: ElectionInput, newest: int) -> tuple[int, int] | None:
+    """(peer index, candidate index) when an online peer promised the newest epoch to another
+    candidate that this node cannot hear but the peer can (docs/design.md §2.4), else None.
+
+    That candidate may already hold a majority (the peer's promise and its own): announcing
+    `newest + 1` over it would only make it step down once the two meet."""
+    if inp.reports is None:
+        return None
+    index = {node: i for i, node in enumerate(inp.nodes)}
+    for p, (v, up) in enumerate(zip(inp.views, inp.online)):
+        if p == inp.self_index or not up or v.promised_epoch != newest:
+            continue
+        x = index.get(v.promised_master)
+        if x is None or x in (p, inp.self_index) or inp.online[x]:
+            continue
+        report = inp.reports[p]
+        if report is not None and len(report) == len(inp.nodes) and report[x].role != Role.OFFLINE:
+            return p, x
+    return None
+
+
+def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Decision | None:
+    """What the candidate does instead of announcing `epoch`, or None to announce it
+    (docs/design.md §2.4: no announcement that can only depose)."""
+    me, mine, my_node = inp.self_index, inp.views[inp.self_index], inp.nodes[inp.self_index]
+    promised = mine.promised_epoch
+    busy = election_in_progress(inp, epoch - 1) if inp.defer_allowed else None
+    if busy is not None:
+        p, x = busy
+        return Decision(
+            Verdict.DEFER, promised, inp.nodes[x],
+            f"n{inp.nodes[p]} promised e{epoch - 1} to n{inp.nodes[x]}, which it hears and I do not",
+        )
+    if inp.contest_allowed:
+        for x, (v, up) in enumerate(zip(inp.views, inp.online)):
+            if (
+                x != me
+                and up
+                and v.promised_master == inp.nodes[x]
+                and v.promised_epoch == epoch - 1
+                and (v.last_epoch, v.last_version) == (mine.last_epoch, mine.last_version)
+            ):
+                # A rival with my log announced itself for the newest epoch before it heard
+                # me (I win the tie only by list order) and may have won it already; its
+                # master status is a round trip away.
+                return Decision(
+                    Verdict.DEFER, promised, inp.nodes[x],
+                    f"n{inp.nodes[x]} announced itself for e{epoch - 1} too: a moment for its result",
+                )
+    if inp.arbitrator_used and not is_majority(online_count, len(inp.nodes), True) and inp.grant_epoch != epoch:
+        # The replicas I hear cannot win without the arbitrator: ask it first. A refusal
+        # (another node's lease is live) then leaves no promise that would depose that master
+        # as soon as the link heals.
+        return Decision(
+            Verdict.REQUEST_GRANT, epoch, my_node,
+            f"{online_count} of {len(inp.nodes)} replicas online: the arbitrator's vote first",
+        )
+    return None
 
 
 def decide(inp: ElectionInput) -> Decision:
@@ -147,7 +232,7 @@ def decide(inp: ElectionInput) -> Decision:
         if up and i != me and v.role in (Role.SLAVE, Role.SYNCING, Role.MASTER):
             return Decision(Verdict.WAIT, promised, NO_NODE, f"n{inp.nodes[i]} still reports {Role(v.role).describe()}")
 
-    cand = pick_candidate(inp.views, inp.online)
+    cand = pick_candidate(inp.views, inp.online, inp.nodes)
     if cand is None:  # cannot happen: this node itself is online
         return Decision(Verdict.WAIT, promised, NO_NODE, "no online replica")
 
@@ -160,8 +245,13 @@ def decide(inp: ElectionInput) -> Decision:
         # A promise can be reused only while no record carries it: a master that wrote in
         # epoch P and lost some of it in a crash must never write a different record at the
         # same (P, version) again, so it takes a new epoch.
-        if mine.promised_master != my_node or not others_below or promised <= mine.last_epoch:
-            return Decision(Verdict.ANNOUNCE, next_epoch(inp.views), my_node, "highest (epoch, version) online")
+        reusable = inp.own_promise_reusable and mine.promised_master == my_node
+        if not reusable or not others_below or promised <= mine.last_epoch:
+            epoch = next_epoch(inp.views)
+            held = before_announcing(inp, epoch, online_count)
+            if held is not None:
+                return held
+            return Decision(Verdict.ANNOUNCE, epoch, my_node, "highest (epoch, version) online")
         votes = promises_for(inp.views, inp.online, promised, my_node)
         grant = 1 if inp.arbitrator_used and inp.grant_epoch == promised else 0
         if is_majority(votes + grant, n, inp.arbitrator_used):
@@ -173,6 +263,8 @@ def decide(inp: ElectionInput) -> Decision:
     cv = inp.views[cand]
     cand_node = inp.nodes[cand]
     if cv.promised_master == cand_node and cv.promised_epoch > promised:
+        if cv.promised_epoch == inp.asked_epoch:
+            return Decision(Verdict.WAIT, promised, cand_node, f"asked the arbitrator for e{inp.asked_epoch}: its answer first")
         return Decision(Verdict.ADOPT, cv.promised_epoch, cand_node, "my view picks the same candidate")
     if cv.promised_master == cand_node and cv.promised_epoch == promised and mine.promised_master == cand_node:
         return Decision(Verdict.WAIT, promised, cand_node, "adopted, waiting for the candidate")

@@ -119,22 +119,28 @@ class ArbitratorLost:
 @dataclass(frozen=True, slots=True)
 class ArbitratorGranted:
     """The arbitrator granted (or renewed) its support for this node as master of `epoch`,
-    answering the oldest outstanding RequestArbitratorGrant."""
+    answering the oldest outstanding RequestArbitratorGrant. `lease_ms` is the arbitrator's
+    lease as its answer states it (None: not known; the replica then trusts the grant)."""
 
     epoch: int
+    lease_ms: int | None = None
 
     def describe(self) -> str:
-        return f"arbitrator_granted e{self.epoch}"
+        lease = "" if self.lease_ms is None else f" lease {self.lease_ms}ms"
+        return f"arbitrator_granted e{self.epoch}{lease}"
 
 
 @dataclass(frozen=True, slots=True)
 class ArbitratorRefused:
-    """The arbitrator supports another node (or a newer epoch) for this vgroup."""
+    """The arbitrator supports another node (or a newer epoch) for this vgroup, or its lease
+    is too short for the lease asked (docs/design.md §5). `lease_ms` as for ArbitratorGranted."""
 
     epoch: int
+    lease_ms: int | None = None
 
     def describe(self) -> str:
-        return f"arbitrator_refused e{self.epoch}"
+        lease = "" if self.lease_ms is None else f" lease {self.lease_ms}ms"
+        return f"arbitrator_refused e{self.epoch}{lease}"
 
 
 @dataclass(frozen=True, slots=True)

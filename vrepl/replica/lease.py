@@ -4,13 +4,47 @@ Owns: the decision an arbitrator makes for one vgroup: grant or refuse support f
 as master of an epoch, with a lease in ticks. The standalone arbitrator process (arbitrator/)
 and the scenario tests share it, so the guarantee is written once: at most one node holds a
 live lease per vgroup, a lease is granted for one epoch to one node only, and epochs granted
-never go back.
+never go back. Also the margin rule both sides apply (`required_arbitrator_lease_ms`,
+`lease_margin_refusal`): how much longer than the master's own count the arbitrator's lease
+must be.
 Must not: do I/O or read a clock (now_tick comes from the caller).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+# docs/design.md §5 "The margin". The master counts its lease on its clock from when it SENT
+# the request and acts on its end at its next tick; the arbitrator counts on its own clock
+# from when it ANSWERED. Clock rates differ (crystal error about 1e-4, NTP slewing up to
+# 5e-4 per clock): 1 % is ten times the worst pair. The allowance covers how late the
+# master's I/O loop may run the tick that ends its lease (GC, an fsync on the loop, a long
+# batch; 4 ticks of the default 100 ms).
+DEFAULT_CLOCK_DRIFT_RATIO = 0.01
+DEFAULT_LEASE_ALLOWANCE_MS = 400
+
+
+def required_arbitrator_lease_ms(replica_lease_ms: int, clock_drift_ratio: float, lease_allowance_ms: int) -> int:
+    """The shortest arbitrator lease that safely backs a master assuming `replica_lease_ms`:
+    replica_lease_ms x (1 + clock_drift_ratio) + lease_allowance_ms, rounded up."""
+    # round() first: 2000 x 1.01 is 2020.0000000000002 in binary floating point.
+    return math.ceil(round(replica_lease_ms * (1 + clock_drift_ratio), 6)) + lease_allowance_ms
+
+
+def lease_margin_refusal(
+    arbitrator_lease_ms: int, replica_lease_ms: int, clock_drift_ratio: float, lease_allowance_ms: int
+) -> str | None:
+    """Why an arbitrator lease of `arbitrator_lease_ms` cannot back a master assuming
+    `replica_lease_ms` (one line, both numbers and the rule), or None when it can."""
+    need = required_arbitrator_lease_ms(replica_lease_ms, clock_drift_ratio, lease_allowance_ms)
+    if arbitrator_lease_ms >= need:
+        return None
+    return (
+        f"an arbitrator lease of {arbitrator_lease_ms} ms cannot back a replica lease of {replica_lease_ms} ms:"
+        f" it must be at least {need} ms ({replica_lease_ms} ms x (1 + clock_drift_ratio {clock_drift_ratio:g})"
+        f" + lease_allowance_ms {lease_allowance_ms})"
+    )
 
 
 @dataclass(slots=True)

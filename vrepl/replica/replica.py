@@ -65,6 +65,7 @@ from vrepl._core.window import PendingWindow
 from vrepl.replica.forward import PeerProgress, PeerState, SyncCache
 from vrepl.replica.history import EpochHistory, history_invalid
 from vrepl.replica.invariant import invariant
+from vrepl.replica.lease import DEFAULT_CLOCK_DRIFT_RATIO, DEFAULT_LEASE_ALLOWANCE_MS, lease_margin_refusal
 from vrepl.replica.messages import (
     NO_NODE,
     AckStatus,
@@ -107,6 +108,8 @@ class Config:
     heartbeat_timeout_ticks: int = 20
     forward_timeout_ticks: int = 20
     arbitrator_lease_ticks: int = 20
+    clock_drift_ratio: float = DEFAULT_CLOCK_DRIFT_RATIO
+    lease_allowance_ms: int = DEFAULT_LEASE_ALLOWANCE_MS
     max_inflight_forwards: int = 100_000
     sync_cache_max_records: int = 100_000
     sync_cache_max_bytes: int = 64 * 1024 * 1024
@@ -122,6 +125,11 @@ class Config:
     def arbitrator_used(self) -> bool:
         # seed Split Brain: the arbitrator only matters for an even number of replicas.
         return self.arbitrator and len(self.replicas) % 2 == 0
+
+    @property
+    def arbitrator_lease_ms(self) -> int:
+        """The lease the master assumes, counted from when it sent the request."""
+        return self.arbitrator_lease_ticks * self.tick_ms
 
     @property
     def app_ack_required_effective(self) -> bool:
@@ -171,6 +179,20 @@ def config_invalid(cfg: Config) -> str | None:
         return "heartbeat_timeout_ticks must exceed heartbeat_interval_ticks"
     if cfg.arbitrator_used and cfg.arbitrator_lease_ticks <= cfg.heartbeat_interval_ticks:
         return "arbitrator_lease_ticks must exceed heartbeat_interval_ticks (the renewal period)"
+    if type(cfg.clock_drift_ratio) not in (int, float) or not 0 <= cfg.clock_drift_ratio < 1:
+        return f"clock_drift_ratio {cfg.clock_drift_ratio!r} is not in [0, 1)"
+    if cfg.lease_allowance_ms < 0:
+        return f"lease_allowance_ms {cfg.lease_allowance_ms} is negative"
+    renewal_ms = cfg.heartbeat_interval_ticks * cfg.tick_ms
+    if cfg.arbitrator_used and cfg.arbitrator_lease_ms <= renewal_ms + cfg.lease_allowance_ms:
+        # docs/design.md §5: a renewal answered later than the allowance permits must still
+        # find the lease live, or a healthy master would step down between two renewals.
+        return (
+            f"arbitrator_lease_ticks {cfg.arbitrator_lease_ticks} x tick_ms {cfg.tick_ms} = {cfg.arbitrator_lease_ms} ms"
+            f" must exceed heartbeat_interval_ticks {cfg.heartbeat_interval_ticks} x tick_ms {cfg.tick_ms}"
+            f" + lease_allowance_ms {cfg.lease_allowance_ms} = {renewal_ms + cfg.lease_allowance_ms} ms"
+            " (the renewal period plus the allowance)"
+        )
     return None
 
 
@@ -221,6 +243,9 @@ class Replica:
         # we have not heard yet is how the seed's "decide only when views agree" is kept.
         self.heard = [False] * self.n
         self.last_heard_tick = [0] * self.n
+        # The views each peer sent in its last status: which replicas it hears (§2.4).
+        self.reports: list[tuple[PeerView, ...] | None] = [None] * self.n
+        self._defer_since_tick: int | None = None  # when the current deferral began
 
         # Arbitrator (even replica counts only).
         self.arbitrator_connected = False
@@ -228,6 +253,7 @@ class Replica:
         self.lease_until_tick = 0
         self._grant_request: tuple[int, int] | None = None  # (epoch, tick sent)
         self._grant_retry_tick = 0
+        self._short_lease_logged: int | None = None  # arbitrator lease last warned about
 
         # Master side.
         self.window: PendingWindow | None = None
@@ -388,6 +414,7 @@ class Replica:
             return
         self.connected[i] = True
         self.heard[i] = False
+        self.reports[i] = None
         self.last_heard_tick[i] = self.now_tick
         # Unknown until its status arrives; a stale MASTER here could make us follow a ghost.
         self.views[i] = dataclasses.replace(self.views[i], role=Role.UNSYNCED)
@@ -436,6 +463,7 @@ class Replica:
             )
             return
         self.views[i] = msg.views[i]
+        self.reports[i] = msg.views
         self.heard[i] = True
         self._election_dirty = True
 
@@ -446,11 +474,9 @@ class Replica:
 
     def _election_input(self) -> election.ElectionInput:
         views = tuple(self.view() if i == self.me else self.views[i] for i in range(self.n))
-        if self._own_promise_from_disk:
-            own = dataclasses.replace(views[self.me], promised_master=NO_NODE)
-            views = views[: self.me] + (own,) + views[self.me + 1 :]
         online = tuple(i == self.me or (self.connected[i] and self.heard[i]) for i in range(self.n))
         grant = self.grant_epoch if self.lease_until_tick > self.now_tick else 0
+        deferred = 0 if self._defer_since_tick is None else self.now_tick - self._defer_since_tick
         return election.ElectionInput(
             nodes=self.nodes,
             self_index=self.me,
@@ -459,6 +485,15 @@ class Replica:
             arbitrator_used=self.cfg.arbitrator_used,
             arbitrator_connected=self.arbitrator_connected,
             grant_epoch=grant,
+            own_promise_reusable=not self._own_promise_from_disk,
+            asked_epoch=(
+                self._grant_request[0]
+                if self._grant_request is not None and self._grant_request[0] > self.promised_epoch
+                else 0
+            ),
+            reports=tuple(self.reports),
+            defer_allowed=deferred < self.cfg.heartbeat_timeout_ticks,
+            contest_allowed=deferred < self.cfg.heartbeat_interval_ticks,
         )
 
     def _evaluate(self) -> None:
@@ -479,6 +514,11 @@ class Replica:
         """Carry out a decision; True when it changed state the next decision depends on."""
         V = election.Verdict
         following = self.role in (Role.SLAVE, Role.SYNCING)
+        if d.verdict is not V.DEFER:
+            self._defer_since_tick = None
+        elif self._defer_since_tick is None:
+            # Bounded: after heartbeat_timeout_ticks of deferring, announce anyway (§2.4).
+            self._defer_since_tick = self.now_tick
         if self.truncating_to is not None and d.verdict in (V.ANNOUNCE, V.BECOME_MASTER, V.REQUEST_GRANT):
             # Its log end still counts the records it is discarding, and the TruncateDone to
             # come would rewind a master's log: no candidacy until the cut is done
@@ -514,7 +554,7 @@ class Replica:
         if d.verdict is V.REQUEST_GRANT:
             self._request_grant(d.epoch)
             return False
-        # UNSYNCED, WAIT
+        # UNSYNCED, WAIT, DEFER
         return following
 
     def _promise(self, epoch: int, master: int) -> None:
@@ -591,9 +631,29 @@ class Replica:
         self._grant_request = None
         self._election_dirty = True
 
+    def _short_lease(self, lease_ms: int | None) -> str | None:
+        """Why an arbitrator lease stated in an answer cannot back this node's lease (§5)."""
+        if lease_ms is None:
+            return None
+        cfg = self.cfg
+        return lease_margin_refusal(lease_ms, cfg.arbitrator_lease_ms, cfg.clock_drift_ratio, cfg.lease_allowance_ms)
+
+    def _log_short_lease(self, what: str, reason: str, lease_ms: int) -> None:
+        # Renewals repeat every heartbeat interval: the same reason is a warning once.
+        level = LogLevel.DEBUG if lease_ms == self._short_lease_logged else LogLevel.WARNING
+        self._short_lease_logged = lease_ms
+        self._log(level, f"{what}: {reason}")
+
     def on_arbitrator_granted(self, ev: ArbitratorGranted) -> None:
         if self._grant_request is None or self._grant_request[0] != ev.epoch:
             self._log(LogLevel.DEBUG, f"ignored arbitrator grant for e{ev.epoch}: not asked")
+            return
+        short = self._short_lease(ev.lease_ms)
+        if short is not None:
+            # Counting it would let this node believe in a lease the arbitrator may give to
+            # another node first: the grant counts as a refusal.
+            self._log_short_lease(f"arbitrator grant for e{ev.epoch} not counted", short, ev.lease_ms)
+            self._refused(ev.epoch)
             return
         # The lease is counted from when we ASKED, so it ends here no later than at the
         # arbitrator, which counts from when it answered (docs/design.md §5).
@@ -601,13 +661,25 @@ class Replica:
         self.lease_until_tick = self._grant_request[1] + self.cfg.arbitrator_lease_ticks
         self._grant_request = None
         self._election_dirty = True
+        if ev.epoch > self.promised_epoch and self.truncating_to is None:
+            # A candidate asked before promising (§2.4). The arbitrator's vote for this epoch
+            # is mine: my own goes with it, so no other candidate can be elected in it and
+            # be refused a lease for ever after ("granted to n<me>").
+            self._promise(ev.epoch, self.node)
 
     def on_arbitrator_refused(self, ev: ArbitratorRefused) -> None:
+        short = self._short_lease(ev.lease_ms)
+        if short is not None:
+            self._log_short_lease(f"arbitrator refused e{ev.epoch}", short, ev.lease_ms)
+        else:
+            self._log(LogLevel.INFO, f"arbitrator refused e{ev.epoch}")
+        self._refused(ev.epoch)
+
+    def _refused(self, epoch: int) -> None:
         self._grant_request = None
         self._grant_retry_tick = self.now_tick + self.cfg.heartbeat_interval_ticks
-        if self.grant_epoch == ev.epoch:
+        if self.grant_epoch == epoch:
             self.grant_epoch = 0  # someone else holds a newer grant: ours is void
-        self._log(LogLevel.INFO, f"arbitrator refused e{ev.epoch}")
         self._election_dirty = True
 
     def _request_grant(self, epoch: int) -> None:

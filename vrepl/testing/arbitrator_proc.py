@@ -15,8 +15,9 @@ from vrepl.child import python_argv
 
 
 class ArbitratorProcess:
-    def __init__(self, workdir: str, secret: bytes, lease_ms: int = 2000,
+    def __init__(self, workdir: str, secret: bytes, lease_ms: int | None = None,
                  extra: tuple[str, ...] = ()):
+        """`lease_ms` None: the arbitrator's default, which backs the replicas' default lease."""
         os.makedirs(workdir, exist_ok=True)
         secret_file = os.path.join(workdir, "secret")
         with open(secret_file, "wb") as fh:
@@ -24,8 +25,8 @@ class ArbitratorProcess:
         self.proc = subprocess.Popen(
             [*python_argv("-m", "arbitrator.main"), "--host", "127.0.0.1", "--port", "0",
              "--secret-file", secret_file, "--state-dir", os.path.join(workdir, "state"),
-             "--lease-ms", str(lease_ms), "--log-level", "info", "--metrics-listen", "127.0.0.1:0",
-             *extra],
+             *(("--lease-ms", str(lease_ms)) if lease_ms is not None else ()),
+             "--log-level", "info", "--metrics-listen", "127.0.0.1:0", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
