@@ -540,7 +540,7 @@ class VgroupHost:
         self.state = NEEDS_RESTORE
         self.needs_restore = {"reason": reason, "since": round(time.time(), 3),
                               "phase": "stopping replication", "source": None, "attempts": 0,
-                              "last_error": None}
+                              "last_error": None, "wal_end": None}
         log.critical("vg%d n%d: needs a restore: %s. This replica stops replicating (peers see"
                      " it offline: it neither votes nor can be elected), answers 503"
                      " needs_restore to reads and writes, and restores itself from the master",
@@ -566,6 +566,14 @@ class VgroupHost:
             self.needs_restore.update(phase=phase, **fields)
 
     def _self_restore(self) -> None:
+        try:
+            self._self_restore_loop()
+        except Exception:     # a bug: the vgroup stays in needs_restore (a restart retries)
+            log.exception("vg%d n%d: needs_restore: the self-restore thread failed; the"
+                          " vgroup stays in needs_restore until the node restarts", self.id,
+                          self.node_id)
+
+    def _self_restore_loop(self) -> None:
         """(self-restore thread) Stop replicating, close the vnode without archiving
         anything, then until it works: pull a complete copy from the master, check it, swap
         it in (the promise file stays), reopen the vnode and start replicating again."""
