@@ -148,6 +148,8 @@ class VgroupHost:
                              notify_role=self._notify_role,
                              notify_flow_control=self._notify_flow_control,
                              notify_wal_truncated=self._notify_wal_truncated,
+                             # A size or age flush waiting for committed rows goes at once.
+                             notify_commit=lambda version: self._maybe_flush(),
                              get_version=vnode.get_version,
                              # The restore flow's callbacks (docs/vnode.md §7).
                              get_file_info=vnode.get_file_info,
