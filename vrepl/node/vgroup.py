@@ -619,19 +619,32 @@ class VgroupHost:
                 return
             pause_ms = min(pause_ms * 2, SELF_RESTORE_RETRY_MAX_MS)
 
+    def _restore_source(self, attempt: int, known_master: int | None) -> int:
+        """Where to pull a copy from: the master this replica last followed (first attempt),
+        else the master the peers' /v1/status name, else each peer in turn. A copy from a
+        slave is safe too (archives hold committed rows only, docs/vnode.md §5, and the
+        rejoin matches the log with the master): the peers' HTTP API may not be reachable
+        from here (it listens on loopback by default), their replication port is."""
+        peers = [n for n in self.spec.replicas if n != self.node_id and n in self.node_cfg.nodes]
+        if not peers:
+            raise selfrestore.SelfRestoreError("this vgroup has no other replica to restore from")
+        if attempt == 1 and known_master in peers:
+            return known_master  # type: ignore[return-value]
+        h = self.node_cfg.http
+        named = selfrestore.find_master([self.node_cfg.nodes[n].http_endpoint for n in peers],
+                                        self.id, token=h.token.decode() if h.token else None,
+                                        tls=h.tls)
+        if named in peers:
+            return named  # type: ignore[return-value]
+        return peers[(attempt - 2) % len(peers)]
+
     def _restore_attempt(self, attempt: int, known_master: int | None,
                          own_end: tuple[int, int], max_record: int) -> bool:
         """One try of the self-restore; False when stopped, raises on failure."""
         t = time.monotonic()
         swapped = selfrestore.roll_forward(self.path)     # a swap a failure interrupted
         if swapped is None:
-            peers = [self.node_cfg.nodes[n].http_endpoint for n in self.spec.replicas
-                     if n != self.node_id and n in self.node_cfg.nodes]
-            source = known_master if attempt == 1 and known_master is not None else \
-                selfrestore.find_master(peers, self.id) or known_master
-            if source is None or source == self.node_id or source not in self.node_cfg.nodes:
-                raise selfrestore.SelfRestoreError("no master known: the peers name none"
-                                                   " (are they up?)")
+            source = self._restore_source(attempt, known_master)
             where = self.node_cfg.nodes[source].replication_endpoint
             self._phase("pulling a copy", source=source)
             log.info("vg%d n%d: needs_restore: pulling a complete copy from n%d at %s"
