@@ -212,22 +212,22 @@ def node_access(args: argparse.Namespace) -> dict:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from vrepl.client import Client
-    from vrepl.node.demo import print_cluster_status
+    from vrepl.node.demo import make_console
+    from vrepl.node.statusview import fetch_status, run
 
-    client = Client([args.node], request_timeout_s=args.timeout, **node_access(args))
-    try:
-        try:
-            client.status(args.node)
-        except VreplError as exc:
-            raise CliError(f"{args.node}: {exc}", EXIT_CORRUPT) from None
-        cluster = client.cluster_status()
-    finally:
-        client.close()
-    if args.json:
-        print(json.dumps(cluster, indent=2))
-    else:
-        print_cluster_status(cluster)
+    if args.watch is not None and not args.watch > 0:
+        raise CliError(f"--watch must be a positive number of seconds, got {args.watch:g}")
+    if args.count is not None and args.count < 1:
+        raise CliError(f"--count must be positive, got {args.count}")
+    if not args.timeout > 0:
+        raise CliError(f"--timeout must be positive, got {args.timeout:g}")
+    access = node_access(args)
+    # The node named must answer: it is where the list of nodes comes from.
+    seed = fetch_status(args.node, args.timeout, access)
+    if seed["state"] != "up":
+        raise CliError(f"{args.node}: {seed['state']}: {seed['error']}", EXIT_CORRUPT)
+    run(args.node, args.timeout, as_json=args.json, watch_s=args.watch, count=args.count,
+        console=make_console(), client_kw=access)
     return EXIT_OK
 
 
@@ -301,10 +301,17 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--config", required=True, metavar="PATH", help="node.toml")
     n.set_defaults(func=cmd_node)
 
-    st = sub.add_parser("status", help="the cluster as a table: roles, versions, lag")
+    st = sub.add_parser("status", help="every node of every vgroup: role, versions, lag, last"
+                        " heard, arbitrator")
     st.add_argument("--node", required=True, metavar="HOST:PORT", help="any node's HTTP address")
-    st.add_argument("--json", action="store_true", help="every node's status document")
-    st.add_argument("--timeout", type=float, default=3.0, help="seconds per request (3)")
+    st.add_argument("--json", action="store_true", help="the cluster view as JSON (with each"
+                    " node's status document); with --watch, one document per line")
+    st.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each node's"
+                    " answer (3); a node that accepts but does not answer in time is 'stalled'")
+    st.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                    help="refresh in place every SECONDS (2 when not given) until Ctrl-C")
+    st.add_argument("--count", type=int, default=None, metavar="N",
+                    help="with --watch: stop after N refreshes (default: until Ctrl-C)")
     add_node_access_options(st)
     st.set_defaults(func=cmd_status)
 

@@ -27,6 +27,12 @@ def test_defaults():
     assert cfg.vnode.memtable_max_rows == 1_000_000
     sc = cfg.sync_config(cfg.vgroups[0])
     assert sc.self_index == 0 and sc.quorum == 2 and sc.data_path.endswith("vg1")
+    assert (cfg.log_format, cfg.log_file) == ("text", None)
+
+
+def test_log_settings_relative_to_the_config_file():
+    cfg = parse_config(base(log_format="json", log_file="logs/n1.log"), "/etc/vrepl/node.toml")
+    assert (cfg.log_format, cfg.log_file) == ("json", "/etc/vrepl/logs/n1.log")
 
 
 ROUTABLE = [{"id": 1, "replication": "10.0.0.1:7001", "http": "10.0.0.1:7101"},
@@ -91,6 +97,7 @@ BAD = [
     ({"node_id": 9}, "node_id 9 is not in [[nodes]]"),
     ({"secret": ""}, "secret"),
     ({"log_level": "LOUD"}, "log_level"),
+    ({"log_format": "xml"}, "log_format 'xml' is not one of text, json"),
     ({"bogus": 1}, "unknown setting bogus"),
     ({"http": {"max_body_bytes": 0}}, "http.max_body_bytes must be > 0"),
     ({"http": {"listen": "nowhere"}}, "http.listen 'nowhere' is not host:port"),

@@ -19,10 +19,10 @@ from typing import Any
 from vrepl.client import read_token_file
 from vrepl.config import SyncConfig, parse_endpoint, sync_config_invalid
 from vrepl.errors import ConfigError
+from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS
 from vrepl.node.http import server_ssl_context
 from vrepl.vnode.config import VnodeConfig, config_invalid as vnode_config_invalid
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # SyncConfig fields the node sets itself; everything else may be tuned under [sync].
 _SYNC_FIXED = {"vgroup_id", "replicas", "self_index", "data_path", "secret", "quorum",
                "arbitrator", "initial_version", "initial_epoch"}
@@ -103,6 +103,7 @@ class NodeConfig:
     sync: dict[str, Any] = field(default_factory=dict)
     log_level: str = "INFO"
     log_file: str | None = None
+    log_format: str = "text"               # "text" or "json" (docs/operations.md §Logs)
     flush_check_ms: int = 1000
     stop_timeout_ms: int = 5000
 
@@ -177,7 +178,7 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     """NodeConfig from a parsed TOML document; ConfigError (one line) if a setting is wrong."""
     base_dir = os.path.dirname(os.path.abspath(path))
     _unknown(doc, {"node_id", "data_dir", "secret", "secret_file", "log_level", "log_file",
-                   "flush_check_ms", "stop_timeout_ms", "http", "nodes", "vgroups", "vnode",
+                   "log_format", "flush_check_ms", "stop_timeout_ms", "http", "nodes", "vgroups", "vnode",
                    "sync"}, "")
     if "node_id" not in doc:
         raise ConfigError("node_id is missing")
@@ -206,6 +207,11 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
     log_file = _get(doc, "log_file", str, None, "") or None
+    if log_file and not os.path.isabs(log_file):
+        log_file = os.path.join(base_dir, log_file)
+    log_format = _get(doc, "log_format", str, "text", "")
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     flush_check_ms = _positive(_get(doc, "flush_check_ms", int, 1000, ""), "flush_check_ms")
     stop_timeout_ms = _positive(_get(doc, "stop_timeout_ms", int, 5000, ""), "stop_timeout_ms")
 
@@ -331,7 +337,8 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
         svals[name] = _get(s, name, want, None, "sync.")
     cfg = NodeConfig(path=path, node_id=node_id, data_dir=data_dir, secret=secret, nodes=nodes,
                      vgroups=tuple(vgroups), http=http, vnode=vcfg, sync=svals,
-                     log_level=log_level, log_file=log_file, flush_check_ms=flush_check_ms,
+                     log_level=log_level, log_file=log_file, log_format=log_format,
+                     flush_check_ms=flush_check_ms,
                      stop_timeout_ms=stop_timeout_ms)
     for spec in cfg.vgroups:
         reason = sync_config_invalid(cfg.sync_config(spec))

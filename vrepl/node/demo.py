@@ -1,4 +1,4 @@
-"""`vrepl demo` and the cluster table of `vrepl status` (docs/operations.md §demo).
+"""`vrepl demo` (docs/operations.md §demo).
 
 Owns: the demo's script: a 3-replica vgroup (quorum 2) of real `vrepl node` processes on
 127.0.0.1 in a temporary directory; rows written through `vrepl.client` with a progress bar;
@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from vrepl.client import Client, OutcomeUnknownError
 from vrepl.node.local import LocalCluster
+from vrepl.node.statusview import print_view, view_from_cluster_status
 
 # Extra end-of-demo checks: fn(cluster, tables, summary) -> (ok, one-line description).
 # The Spark validation registers itself here (vrepl.spark) once it lands.
@@ -62,38 +62,8 @@ def make_console() -> Console:
 
 
 def print_cluster_status(cluster: dict[str, Any], console: Console | None = None) -> None:
-    """The cluster as a table: one row per (vgroup, node): role, epoch, versions, lag."""
-    console = console or make_console()
-    table = Table(title="vrepl cluster", show_lines=False)
-    for col in ("vgroup", "node", "http", "role", "epoch", "master", "version", "archived",
-                "lag", "peers"):
-        table.add_column(col, justify="right" if col in ("epoch", "version", "archived", "lag")
-                         else "left")
-    rows: list[tuple] = []
-    masters: dict[int, int] = {}
-    for st in cluster.values():
-        if isinstance(st, dict):
-            for vg in st["vgroups"]:
-                if vg["role"] == "master":
-                    masters[vg["vgroup"]] = vg["version"]
-    for ep, st in cluster.items():
-        if not isinstance(st, dict):
-            rows.append(("-", "?", ep, f"[red]{st}[/]", "", "", "", "", "", ""))
-            continue
-        for vg in st["vgroups"]:
-            mv = masters.get(vg["vgroup"])
-            lag = "" if mv is None else str(max(0, mv - vg["version"]))
-            peers = " ".join(f"n{n}:{r}" for n, r in sorted(vg["replicas"].items())
-                             if int(n) != st["node"])
-            # A vgroup that needs a restore takes no part in the group: its state says so.
-            role = vg["role"] if vg.get("state", "serving") == "serving" else vg["state"]
-            color = {"master": "green", "slave": "cyan", "needs_restore": "red"}.get(role, "yellow")
-            rows.append((str(vg["vgroup"]), f"n{st['node']}", ep, f"[{color}]{role}[/]",
-                         str(vg["epoch"]), f"n{vg['master']}" if vg["master"] else "-",
-                         str(vg["version"]), str(vg["vnode"]["archived_version"]), lag, peers))
-    for r in sorted(rows, key=lambda r: (r[0], r[1])):
-        table.add_row(*r)
-    console.print(table)
+    """The cluster as `vrepl status` shows it, from Client.cluster_status()."""
+    print_view(view_from_cluster_status(cluster), console or make_console())
 
 
 def _rows(table: str, first_ts: int, n: int, seq0: int) -> list[list]:

@@ -664,9 +664,10 @@ class Replica:
         self._election_dirty = True
 
     def on_heartbeat_timeout(self, i: int) -> None:
-        ticks = self.now_tick - self.last_heard_tick[i]
-        self._emit(ResetConnection(self.nodes[i], f"silent for {ticks} ticks"))
-        self._mark_offline(i, f"silent for {ticks} ticks (heartbeat_timeout_ticks)")
+        # Said in ms, not ticks: the reason reaches the operator's log.
+        silent_ms = (self.now_tick - self.last_heard_tick[i]) * self.cfg.tick_ms
+        self._emit(ResetConnection(self.nodes[i], f"silent for {silent_ms} ms"))
+        self._mark_offline(i, f"silent for {silent_ms} ms (heartbeat timeout)")
 
     def on_forward_timeout(self, span: tuple[int, int]) -> None:
         invariant(self.window is not None, "only a master has forwards to time out")

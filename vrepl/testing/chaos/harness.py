@@ -196,7 +196,8 @@ class ChaosCluster:
             self.arb = Proc("arb", [*topo.exec_prefix("arb"), sys.executable, "-m", "arbitrator.main",
                                     "--host", arb_addr[0], "--port", str(arb_addr[1]), "--secret-file",
                                     os.path.join(d, "secret"), "--state-dir", os.path.join(d, "state"),
-                                    "--lease-ms", str(ARB_LEASE_MS), "--log-file", os.path.join(d, "arb.log")],
+                                    "--lease-ms", str(ARB_LEASE_MS), "--log-file", os.path.join(d, "arb.log"),
+                                    "--metrics-listen", "127.0.0.1:0"],
                             os.path.join(d, "arb.log"))
         wconf = {"nodes": {str(i): f"{h}:{p}" for i, (h, p) in client.items()}, "clients": self.clients,
                  "history_path": self.history_path, "op_timeout_s": self.op_timeout_s,
