@@ -113,22 +113,35 @@ async def _run(cfg: ArbitratorConfig, metrics_at: tuple[str, int] | None) -> Non
              extra={"event": "stopped"})
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vrepl-arbitrator", description="vrepl arbitrator:"
-                                 " grants one master per vgroup and epoch a renewable lease")
-    ap.add_argument("--config", help="TOML file (keys as below, optionally under [arbitrator])")
-    ap.add_argument("--host")
-    ap.add_argument("--port", type=int)
-    ap.add_argument("--secret-file", dest="secret_file")
-    ap.add_argument("--state-dir", dest="state_dir")
-    ap.add_argument("--lease-ms", dest="lease_ms", type=int)
-    ap.add_argument("--log-level", dest="log_level")
-    ap.add_argument("--log-file", dest="log_file")
+                                 " grants one master per vgroup and epoch a renewable lease",
+                                 epilog="A flag overrides the same key of --config. Exit codes:"
+                                 " 0 stopped by SIGTERM/SIGINT, 1 could not start (port in use),"
+                                 " 2 bad configuration. Docs: docs/arbitrator.md; example config"
+                                 " and systemd unit beside arbitrator/main.py.")
+    ap.add_argument("--config", metavar="PATH",
+                    help="TOML file (keys as below, optionally under [arbitrator])")
+    ap.add_argument("--host", help="address to listen on (127.0.0.1)")
+    ap.add_argument("--port", type=int, help="TCP port to listen on; 0 picks a free one (6042)")
+    ap.add_argument("--secret-file", dest="secret_file", metavar="PATH",
+                    help="file holding the cluster secret (required here or in --config)")
+    ap.add_argument("--state-dir", dest="state_dir", metavar="DIR",
+                    help="directory where grants survive restarts (.)")
+    ap.add_argument("--lease-ms", dest="lease_ms", type=int, metavar="MS",
+                    help="how long a grant holds (2000)")
+    ap.add_argument("--log-level", dest="log_level", help="debug, info, warning or error (info)")
+    ap.add_argument("--log-file", dest="log_file", metavar="PATH", help="log file (stderr)")
     ap.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS,
                     help="text (default) or json: one object per line (docs/operations.md §Logs)")
     ap.add_argument("--metrics-listen", dest="metrics_listen", metavar="HOST:PORT",
                     help=f"address of GET /metrics (default {DEFAULT_METRICS_LISTEN}; port 0: any"
                     " free port; \"\": off)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     overrides = {k: getattr(args, k) for k in ("host", "port", "secret_file", "state_dir",
                                                 "lease_ms", "log_level", "log_file", "log_format",

@@ -334,6 +334,7 @@ class SyncInstance:
         except BaseException:
             self.store.close()
             self.io.release()
+            self.io = None      # released: a later stop() must not release it again
             self._state = "failed"
             raise
         return self

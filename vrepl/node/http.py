@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl, unquote
 
 from vrepl.errors import ConfigError
+from vrepl.untrusted import printable
 
 log = logging.getLogger("vrepl.node.http")
 
@@ -142,6 +143,14 @@ def server_ssl_context(cert_path: str, key_path: str) -> ssl.SSLContext:
         raise ConfigError(f"tls_cert {cert_path} / tls_key {key_path}: not a PEM certificate"
                           f" chain and its private key ({exc.reason or exc})") from None
     return ctx
+# The start of a request line: a method (an RFC 9110 token) and a space.
+_METHOD_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{0,32}")
+
+
+def _could_start_request(buf: bytearray) -> bool:
+    """False once the bytes received cannot begin an HTTP request line."""
+    n = _METHOD_RE.match(buf).end()  # type: ignore[union-attr]  (matches the empty string)
+    return n == len(buf) or (n > 0 and buf[n] == 0x20)
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -263,6 +272,13 @@ class HttpProtocol(asyncio.Protocol):
             buf = self.buf
             end = buf.find(b"\r\n\r\n", 0, srv.max_header_bytes + 4)
             if end < 0:
+                if not _could_start_request(buf):
+                    # Binary bytes (say a `vrepl restore` HELLO sent to this port instead of
+                    # the replication port): answer at once rather than wait for a request
+                    # line that never comes.
+                    self._reply_close(error(400, "not_http", "not an HTTP request: this is a"
+                                            " node's HTTP client API port"))
+                    return
                 if len(buf) > srv.max_header_bytes:
                     self._reply_close(error(431, "headers_too_large",
                                             f"request line and headers above {srv.max_header_bytes} bytes"))
@@ -331,7 +347,7 @@ class HttpProtocol(asyncio.Protocol):
             try:
                 result = srv.handler(req)
             except Exception as exc:  # a bug: answer 500, keep serving
-                log.exception("handler failed on %s %s", method, path)
+                log.exception("handler failed on %s %s", printable(method), printable(path))  # the client's text
                 result = error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
             if isinstance(result, Response):
                 self._send(result, keep, req.route)

@@ -14,11 +14,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vrepl.child import python_argv
 from vrepl.client import Client
 
 LOOPBACK = "127.0.0.1"
@@ -140,7 +140,7 @@ class LocalCluster:
                 continue
             stderr = open(os.path.join(n.dir, "stderr.log"), "ab")
             n.proc = subprocess.Popen(
-                [sys.executable, "-m", "vrepl.cli", "node", "--config", n.config_path],
+                python_argv("-m", "vrepl.cli", "node", "--config", n.config_path),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                 preexec_fn=_die_with_parent, start_new_session=True)
             stderr.close()

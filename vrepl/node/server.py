@@ -32,7 +32,8 @@ import time
 from typing import Any
 
 import vrepl
-from vrepl.errors import ConfigError
+from vrepl.dirlock import DirLock, lock_dir
+from vrepl.errors import ConfigError, ListenError
 from vrepl.logsetup import reopen_logs, setup_logging
 from vrepl.node.config import NodeConfig
 from vrepl.node.http import HttpServer, Request, Response, error, server_ssl_context
@@ -84,15 +85,28 @@ class Node:
         self.started_at = time.time()
         self._tick: asyncio.TimerHandle | None = None
         self._stopped = False
+        self.locks: list[DirLock] = []
 
     # -- start (main thread) ----------------------------------------------------------------
     def start(self) -> None:
-        """Recover every vnode, start replication, then serve HTTP. Raises on failure."""
-        os.makedirs(self.cfg.data_dir, exist_ok=True)
-        for vg in self.vgroups.values():
-            n = vg.open()
-            log.info("vg%d: recovered: archived v%d, replayed %d WAL records, now at v%d",
-                     vg.id, vg.vnode.archived_version, n, vg.vnode.get_version())  # type: ignore[union-attr]
+        """Lock the data directories, recover every vnode, start replication, then serve
+        HTTP. Raises on failure: DirInUseError (another process holds a data directory;
+        nothing was read), ListenError (an address is in use), or what recovery raised."""
+        # One process per data directory (vrepl/dirlock.py): the root and each vgroup's,
+        # so `vrepl restore --data <data_dir>/vgN` is refused while this node runs. Held
+        # until stop(); the node's own restore of a vgroup runs under these locks.
+        holder = f"vrepl node {self.cfg.node_id}"
+        try:
+            self.locks.append(lock_dir(self.cfg.data_dir, holder))
+            for vg in self.vgroups.values():
+                self.locks.append(lock_dir(vg.path, holder))
+            for vg in self.vgroups.values():
+                n = vg.open()
+                log.info("vg%d: recovered: archived v%d, replayed %d WAL records, now at v%d",
+                         vg.id, vg.vnode.archived_version, n, vg.vnode.get_version())  # type: ignore[union-attr]
+        except BaseException:
+            self._release_locks()
+            raise
         self.io = IoLoop.shared()
         try:
             for vg in self.vgroups.values():
@@ -112,7 +126,10 @@ class Node:
                 log.warning("http.listen is not set: the client API listens on %s:%d only,"
                             " not on this node's http address %s (set [http] listen to serve"
                             " other hosts)", host, port, self.cfg.me.http_endpoint)
-            self.io.run(self.http.start(host, port))
+            try:
+                self.io.run(self.http.start(host, port))
+            except OSError as exc:
+                raise ListenError(f"{host}:{port}", "HTTP API", exc) from None
             self.io.call(self._schedule_tick)
         except BaseException:
             self.stop()
@@ -157,6 +174,12 @@ class Node:
         if io is not None:
             io.release()
             self.io = None
+        self._release_locks()
+
+    def _release_locks(self) -> None:
+        for lock in self.locks:
+            lock.release()
+        self.locks.clear()
 
     # -- HTTP routes (I/O thread) -------------------------------------------------------------
     def handle(self, req: Request):

@@ -23,10 +23,12 @@ from typing import Any, Callable
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from vrepl.client import Client
+from vrepl.untrusted import printable
 
 # Fields of a vgroup's status this module shows in its own columns; any other field a node
 # sends (a newer node, e.g. a vgroup state) is shown as is under "notes".
@@ -206,7 +208,7 @@ def render(view: dict[str, Any]) -> Group:
             lease = (f"lease n{holder['node']} e{holder['epoch']} ({holder['remaining_ms']} ms left)"
                      if holder else "no live lease")
             connected = " ".join(f"n{n}" for n in arb["connected"]) or "nobody"
-            arb_line = f"arbitrator {arb['address']} (connected: {connected}), {lease}"
+            arb_line = escape(printable(f"arbitrator {arb['address']} (connected: {connected}), {lease}"))
         else:
             arb_line = "no arbitrator"
         master = f"master n{vg['master']}" if vg["master"] is not None else "[yellow]no master[/]"
@@ -220,20 +222,22 @@ def render(view: dict[str, Any]) -> Group:
                                                              "last heard") else "left")
         for r in vg["replicas"]:
             state = Text(r["state"], style=STATE_STYLE.get(r["state"], "yellow"))
-            role = Text(r["role"] or "-", style=ROLE_STYLE.get(r["role"] or "", "yellow"))
+            role = Text(printable(r["role"] or "-"), style=ROLE_STYLE.get(r["role"] or "", "yellow"))
             last = _num(r["last_version"]) + ("*" if r["last_version_from"] == "master" else "")
             notes = [f"{k}={v if not isinstance(v, (dict, list)) else json.dumps(v)[:60]}" if v is not True else k
                      for k, v in r["notes"].items()]
             if r["state"] != "up" and r["error"]:
                 notes.append(r["error"])
-            table.add_row(f"n{r['node']}", r["http"] or "-", state, role, _num(r["epoch"]), last,
-                          _num(r["lag_versions"]), _ms(r["lag_ms"]), _ms(r["last_heard_ms"]),
-                          "; ".join(str(n) for n in notes))
+            # Text cells (never markup) of escaped text: what a node says is not trusted.
+            table.add_row(f"n{r['node']}", Text(printable(r["http"] or "-")), state, role,
+                          _num(r["epoch"]), last, _num(r["lag_versions"]), _ms(r["lag_ms"]),
+                          _ms(r["last_heard_ms"]), Text(printable("; ".join(str(n) for n in notes))))
         parts.append(table)
     hosting = {str(r["node"]) for vg in view["vgroups"] for r in vg["replicas"]}
     for nid, n in view["nodes"].items():
         if nid not in hosting:
-            parts.append(Text(f"n{nid} {n['http']}: {n['state']}" + (f" ({n['error']})" if n["error"] else "")))
+            parts.append(Text(printable(f"n{nid} {n['http']}: {n['state']}"
+                                        + (f" ({n['error']})" if n["error"] else ""))))
     if any(r["last_version_from"] == "master" for vg in view["vgroups"] for r in vg["replicas"]):
         parts.append(Text("* as acknowledged to the master (the node itself did not answer)"))
     parts.append(Text(f"as of {view['time']}", style="dim"))

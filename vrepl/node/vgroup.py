@@ -44,10 +44,9 @@ log = logging.getLogger("vrepl.node")
 _IN_LOG = (ConfirmStatus.OK, ConfirmStatus.TIMED_OUT, ConfirmStatus.FAILED)
 
 SERVING, NEEDS_RESTORE = "serving", "needs_restore"
-# A failed self-restore is retried after this pause, doubled after each failure up to the max.
-SELF_RESTORE_RETRY_MS = 500
+# A failed self-restore is retried after [restore] retry_interval_ms, doubled after each
+# failure up to this (the pull's I/O timeout is [restore] io_timeout_s).
 SELF_RESTORE_RETRY_MAX_MS = 10_000
-SELF_RESTORE_IO_TIMEOUT_S = 30.0    # no byte moving for this long: the pull fails
 STOP_JOIN_S = 10.0                  # how long stop() waits for a self-restore to give up
 
 
@@ -170,7 +169,7 @@ class VgroupHost:
             self._start_restorer()      # no replication on data that needs a restore
             return
         self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(self.vnode),
-                                 observers=self.observers)
+                                 restore=self.node_cfg.restore, observers=self.observers)
         self.sync.start()
 
     def stop(self) -> None:
@@ -603,7 +602,7 @@ class VgroupHost:
         max_record = self.node_cfg.vnode.max_payload_bytes
         own_end = selfrestore.wal_end(self.path, max_record)
         self._phase("waiting for a source", wal_end={"epoch": own_end[0], "version": own_end[1]})
-        pause_ms = SELF_RESTORE_RETRY_MS
+        pause_ms = self.node_cfg.restore.retry_interval_ms
         attempt = 0
         while not self._restore_stop.is_set():
             attempt += 1
@@ -630,7 +629,7 @@ class VgroupHost:
                 return
             if self._restore_stop.wait(pause_ms / 1000):
                 return
-            pause_ms = min(pause_ms * 2, SELF_RESTORE_RETRY_MAX_MS)
+            pause_ms = max(min(pause_ms * 2, SELF_RESTORE_RETRY_MAX_MS), pause_ms)
 
     def _restore_source(self, attempt: int, known_master: int | None) -> int:
         """Where to pull a copy from: the master this replica last followed (first attempt),
@@ -664,7 +663,7 @@ class VgroupHost:
                      " (attempt %d)", self.id, self.node_id, source, where, attempt,
                      extra=_step("pulling", None, attempt=attempt, source=source))
             copy = selfrestore.pull(self.path, where, vgroup=self.id, secret=self.node_cfg.secret,
-                                    timeout_s=SELF_RESTORE_IO_TIMEOUT_S,
+                                    timeout_s=self.node_cfg.restore.io_timeout_s,
                                     max_record_bytes=max_record)
             ms = selfrestore.ms_since(t)
             log.info("vg%d n%d: needs_restore: copy from n%d in %d ms: %d files (%d bytes"
@@ -702,7 +701,7 @@ class VgroupHost:
             self.recovered_records = replayed
             self.role, self.master, self.pending_rids = "unsynced", None, {}
             self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(vnode),
-                                     observers=self.observers)
+                                     restore=self.node_cfg.restore, observers=self.observers)
             self.state = SERVING
             try:
                 self.sync.start()

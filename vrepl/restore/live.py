@@ -31,7 +31,7 @@ from vrepl.replica import (
     Role,
 )
 from vrepl.restore import protocol as P
-from vrepl.restore.errors import PeerError, RestoreError
+from vrepl.restore.errors import BadData, PeerError, RestoreError
 from vrepl.restore.receiver import Receiver
 from vrepl.restore.sender import Sender, SenderOptions
 from vrepl.restore.stream import SyncStream, connect_sync
@@ -357,6 +357,10 @@ class ReceiverSession:
             assert r is not None
             self._check_restoring()
             if base > r.last_version:
+                if not 1 <= msg.prev_epoch <= r.promised_epoch:
+                    # Checked before the WAL is reset: the replica would refuse this rebase.
+                    raise BadData(f"wal_begin at v{msg.first_version} with prev epoch e{msg.prev_epoch},"
+                                  f" outside e1..e{r.promised_epoch}", restart=False)
                 # The files hold every version up to base; the WAL starts after it.
                 self.inst.store.reset(base, msg.prev_epoch)  # type: ignore[union-attr]
                 self.inst._step(LogRebased(msg.prev_epoch, base, msg.history))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
+
+from vrepl.child import python_argv
 
 
 class ArbitratorProcess:
@@ -21,7 +22,7 @@ class ArbitratorProcess:
         with open(secret_file, "wb") as fh:
             fh.write(secret)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "arbitrator.main", "--host", "127.0.0.1", "--port", "0",
+            [*python_argv("-m", "arbitrator.main"), "--host", "127.0.0.1", "--port", "0",
              "--secret-file", secret_file, "--state-dir", os.path.join(workdir, "state"),
              "--lease-ms", str(lease_ms), "--log-level", "info", "--metrics-listen", "127.0.0.1:0",
              *extra],

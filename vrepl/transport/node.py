@@ -25,7 +25,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from vrepl._core.framebuf import FrameBuffer
-from vrepl.errors import ConfigError, FrameError
+from vrepl.errors import ConfigError, FrameError, ListenError
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.handshake import (
@@ -372,7 +372,7 @@ class NodeTransport:
                 )
             except OSError as exc:
                 del cls._registry[key]
-                raise ConfigError(f"cannot listen on {me.host}:{me.port}: {exc.strerror or exc}") from None
+                raise ListenError(f"{me.host}:{me.port}", "replication", exc) from None
             log.info("n%d: listening on %s:%d", me.node, me.host, me.port)
         if nt.node != me.node:
             raise ConfigError(f"{me.host}:{me.port} is node {nt.node}, vg{instance.cfg.vgroup_id} says node {me.node}")

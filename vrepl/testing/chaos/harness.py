@@ -17,12 +17,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from vrepl.child import python_argv
 from vrepl.testing.chaos import check as _check
 from vrepl.testing.chaos.netns import NemesisUnsupported, Topology, namespaces_available
 from vrepl.testing.cluster import free_port
@@ -185,15 +185,15 @@ class ChaosCluster:
             path = os.path.join(d, "config.json")
             with open(path, "w") as fh:
                 json.dump(conf, fh)
-            self.nodes[i] = Proc(f"n{i}", [*topo.exec_prefix(f"n{i}"), sys.executable, "-m",
-                                           "vrepl.testing.chaos.node", path], conf["log_file"])
+            self.nodes[i] = Proc(f"n{i}", [*topo.exec_prefix(f"n{i}"), *python_argv("-m",
+                                           "vrepl.testing.chaos.node", path)], conf["log_file"])
         self.arb: Proc | None = None
         if arb_addr:
             d = os.path.join(self.dir, "arb")
             os.makedirs(d)
             with open(os.path.join(d, "secret"), "w") as fh:
                 fh.write(self.secret)
-            self.arb = Proc("arb", [*topo.exec_prefix("arb"), sys.executable, "-m", "arbitrator.main",
+            self.arb = Proc("arb", [*topo.exec_prefix("arb"), *python_argv("-m", "arbitrator.main"),
                                     "--host", arb_addr[0], "--port", str(arb_addr[1]), "--secret-file",
                                     os.path.join(d, "secret"), "--state-dir", os.path.join(d, "state"),
                                     "--lease-ms", str(ARB_LEASE_MS), "--log-file", os.path.join(d, "arb.log"),
@@ -205,8 +205,8 @@ class ChaosCluster:
         wpath = os.path.join(self.dir, "workload.json")
         with open(wpath, "w") as fh:
             json.dump(wconf, fh)
-        self.workload = Proc("workload", [*topo.exec_prefix("cl"), sys.executable, "-m",
-                                          "vrepl.testing.chaos.workload", wpath],
+        self.workload = Proc("workload", [*topo.exec_prefix("cl"), *python_argv("-m",
+                                          "vrepl.testing.chaos.workload", wpath)],
                              os.path.join(self.dir, "workload.log"))
 
     # -- processes -----------------------------------------------------------------------------
@@ -404,7 +404,7 @@ class ChaosCluster:
         else:
             argv = ["flip", self.wal_dir(i), os.path.basename(last), str(max(0, size - nbytes))]
         if os.path.exists(tool):
-            out = subprocess.run([sys.executable, tool, *argv], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(python_argv(tool, *argv), capture_output=True, text=True, timeout=30)
             text = (out.stdout + out.stderr).strip()
         else:  # installed without the tools/ directory: same operation inline
             if how == "truncate":
