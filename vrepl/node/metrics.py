@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 ROLES = ("master", "slave", "syncing", "unsynced")
 CONFIRM_STATUSES = ("ok", "timed_out", "failed", "not_master")
-WRITE_RESULTS = ("ok", "bad", "not_master", "unknown", "overloaded", "duplicate")
+WRITE_RESULTS = ("ok", "bad", "not_master", "unknown", "overloaded", "duplicate", "needs_restore")
 # Loopback fdatasync takes ~0.1 ms on the project's disks, a quorum confirm ~0.5 ms: buckets
 # from 50 µs to 10 s.
 CONFIRM_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -110,7 +110,8 @@ class NodeCollector:
             "last": gauge("vrepl_last_version", "Last version in this replica's WAL"),
             "durable": gauge("vrepl_durable_version", "Last version fsynced in this replica's WAL"),
             "committed": gauge("vrepl_committed_version",
-                               "Highest version known to be held durably by a quorum"),
+                               "The commit index: every version up to it is committed (never"
+                               " cut from a log) and may be archived"),
             "applied": gauge("vrepl_applied_version", "Last version applied to the vnode"),
             "archived": gauge("vrepl_archived_version", "Last version in the archived (flushed) files"),
         }
@@ -148,11 +149,19 @@ class NodeCollector:
         flush_errors = counter("vrepl_flush_errors", "Memtable flushes that failed")
         mem_rows = gauge("vrepl_memtable_rows", "Rows in the memtable")
         mem_bytes = gauge("vrepl_memtable_bytes", "Estimated bytes of the memtable")
+        needs = gauge("vrepl_needs_restore", "1 while the vgroup needs a restore (it serves nothing"
+                      " and restores itself from the master), else 0")
+        self_restores = counter("vrepl_self_restores", "Self-restores of the vgroup, by result",
+                                ("result",))
         limiter: dict[str, int] = {}
         refusals: dict[str, int] = {}
         for vg in self.m.vgroups.values():
+            # Read even while replication is stopped: that is when it matters.
+            needs.add_metric([str(vg.id)], 0 if vg.state == "serving" else 1)
+            self_restores.add_metric([str(vg.id), "ok"], vg.counters["self_restores"])
+            self_restores.add_metric([str(vg.id), "failed"], vg.counters["self_restore_failures"])
             sync, vnode = vg.sync, vg.vnode
-            if sync is None or vnode is None:
+            if sync is None or vnode is None or vg.state != "serving":
                 continue
             try:
                 st = sync.stats()
@@ -219,7 +228,7 @@ class NodeCollector:
         yield from (role, epoch, master, *versions.values(), connected, heard, acked, lag_v, lag_s,
                     forwards, forward_bytes, refused, confirmed, queued, flow, wal_bytes, commits,
                     role_changes, epochs, won, r_started, r_ended, r_bytes, r_records, writes, rows,
-                    pending, flushes, flush_errors, mem_rows, mem_bytes)
+                    pending, flushes, flush_errors, mem_rows, mem_bytes, needs, self_restores)
         running = GaugeMetricFamily("vrepl_restores_running", "Restore sessions holding one of the"
                                     " node's max_concurrent_restores slots")
         running.add_metric([], limiter.get("running", 0))

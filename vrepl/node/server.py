@@ -12,6 +12,7 @@ Routes (each request is counted under its route pattern, docs/operations.md §Me
     GET  /v1/status                                   node and vgroups
     POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}]
     GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
+    GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
     GET  /metrics                                     Prometheus text format (vrepl/node/metrics.py)
 
 With http.token_file set, every route needs `Authorization: Bearer <token>` (checked in
@@ -47,8 +48,10 @@ log = logging.getLogger("vrepl.node")
 ROUTE_STATUS = "/v1/status"
 ROUTE_WRITE = "/v1/vgroups/{id}/write"
 ROUTE_ROWS = "/v1/vgroups/{id}/rows"
+ROUTE_TABLES = "/v1/vgroups/{id}/tables"
 ROUTE_METRICS = "/metrics"
 ROUTE_OTHER = "other"    # no such route (404)
+VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES}
 
 # The cyclic GC's thresholds in a node process (docs/perf.md §gc). With CPython's default
 # (700, 10, 10) a collection runs every 700 container allocations, and the older generations
@@ -194,8 +197,8 @@ class Node:
             if req.method != "GET":
                 return error(405, "bad_method", f"{req.method} {req.path}: use GET")
             return Response(200, self.status())
-        if len(parts) == 4 and parts[1] == "vgroups" and parts[3] in ("write", "rows"):
-            req.route = ROUTE_WRITE if parts[3] == "write" else ROUTE_ROWS
+        if len(parts) == 4 and parts[1] == "vgroups" and parts[3] in VGROUP_ROUTES:
+            req.route = VGROUP_ROUTES[parts[3]]
             vg = self._vgroup(parts[2])
             if isinstance(vg, Response):
                 return vg
@@ -208,6 +211,10 @@ class Node:
                 if req.method != "GET":
                     return error(405, "bad_method", f"{req.method} {req.path}: use GET")
                 return self._query(vg, req)
+            if parts[3] == "tables":
+                if req.method != "GET":
+                    return error(405, "bad_method", f"{req.method} {req.path}: use GET")
+                return vg.tables()
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
 
     def _vgroup(self, text: str) -> VgroupHost | Response:

@@ -35,9 +35,10 @@ from vrepl.untrusted import printable
 KNOWN_FIELDS = frozenset((
     "vgroup", "role", "epoch", "master", "master_http", "version", "wal_last_version",
     "wal_durable_version", "confirmed_version", "committed_version", "replicas", "peers",
-    "arbitrator", "flow_control", "pending_writes", "vnode", "counters"))
+    "arbitrator", "flow_control", "pending_writes", "vnode", "counters", "state",
+    "last_self_restore"))
 STATE_STYLE = {"up": "green", "down": "red", "stalled": "yellow", "unreachable": "red", "error": "red"}
-ROLE_STYLE = {"master": "green", "slave": "cyan"}
+ROLE_STYLE = {"master": "green", "slave": "cyan", "needs_restore": "red"}
 
 
 def fetch_status(endpoint: str, timeout_s: float,
@@ -96,7 +97,18 @@ def _vgroup_docs(node: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def _notes(vg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in vg.items() if k not in KNOWN_FIELDS and v not in (None, False, 0, "", [], {})}
+    notes = {k: v for k, v in vg.items() if k not in KNOWN_FIELDS and v not in (None, False, 0, "", [], {})}
+    nr = notes.get("needs_restore")
+    if isinstance(nr, dict):   # docs/operations.md §A vgroup that needs a restore
+        notes["needs_restore"] = (f"{nr.get('phase')}, attempt {nr.get('attempts')}"
+                                  + (f", last error: {nr['last_error']}" if nr.get("last_error") else ""))
+    return notes
+
+
+def _role(vg: dict[str, Any]) -> str:
+    """The role column: the vgroup's state instead when it is not serving (needs_restore)."""
+    state = vg.get("state", "serving")
+    return vg["role"] if state == "serving" else state
 
 
 def build_view(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -131,7 +143,7 @@ def build_view(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
             heard = [h for h in heard if h is not None]
             row: dict[str, Any] = {
                 "node": node, "http": info.get("http"), "state": info["state"], "error": info.get("error"),
-                "role": own["role"] if own else next((r for r in seen if r), None),
+                "role": _role(own) if own else next((r for r in seen if r), None),
                 "epoch": own["epoch"] if own else None,
                 "last_version": own.get("wal_last_version") if own else peer.get("acked_version"),
                 "last_version_from": "self" if own else ("master" if peer else None),
