@@ -11,6 +11,7 @@ import pytest
 
 from vrepl.testing.chaos import netns
 from vrepl.testing.chaos.check import check
+from vrepl.testing.chaos.harness import NodeProc
 from vrepl.vnode.rows import encode_payload
 
 pytestmark = pytest.mark.timeout(60)
@@ -103,6 +104,22 @@ def test_quorum_one_loss_is_counted_not_failed():
     hist = [write("k1", 1), write("k2", 2)]
     v = check(hist, {n: replica(row("k1", 1)) for n in (1, 2)}, allow_loss=True)
     assert v.safe and v.lost_allowed == ["k2"], v.problems()
+
+
+def test_node_role_history_from_its_log_across_restarts(tmp_path):
+    log = tmp_path / "node.log"
+    p = NodeProc("n2", ["true"], str(tmp_path / "stderr.log"), stdin=False, log_path=str(log))
+    log.write_text("08:51:08.954 INFO vrepl.node vg7 n2: role slave, epoch 1, master 1\n"
+                   "08:51:12.955 INFO vrepl.node vg7 n2: role master, epoch 2, master 2\n")
+    assert p.role() == "master"
+    p.started_at_event = len(p.role_events)      # as start() does: a restarted process
+    assert p.role() is None
+    with open(log, "a") as fh:                   # the sync layer's form of the line; a partial line
+        fh.write("2026-03-01T12:34:56.789+01:00 INFO vrepl.sync vg7 n2 e3: role unsynced -> slave,"
+                 " epoch 3, master n1 (12 ms as unsynced)\n08:51:13 INFO vrepl.node vg7 n2: role ma")
+    assert p.role() == "slave"
+    assert [(e["role"], e["epoch"], e["master"]) for e in p.role_events] == [
+        ("slave", 1, 1), ("master", 2, 2), ("slave", 3, 1)]
 
 
 needs_root = pytest.mark.skipif(netns.namespaces_available() is not None,

@@ -26,7 +26,6 @@ Checks on the WALs:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from vrepl.vnode.rows import decode_rows
 

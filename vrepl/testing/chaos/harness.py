@@ -44,8 +44,11 @@ ARB_LEASE_MS = 2500  # >= the replicas' arbitrator_lease_ticks x tick_ms (2000) 
 # well within any isolation); one archived file per minute of a table's ts (600 writes).
 CHAOS_VNODE = {"memtable_max_rows": 200, "memtable_max_age_ms": 1000, "file_span_ms": 60_000}
 CHAOS_NODE = {"flush_check_ms": 200}
-# What vrepl/node/vgroup.py logs on every role change.
-ROLE_LINE = re.compile(r"vg(\d+) n(\d+): role (\w+), epoch (\d+), master (\w+)")
+# The log line of every role change, in the node's text log format: the node's own
+# (`vg7 n2: role master, epoch 3, master 2`) or the sync layer's
+# (`vg7 n2 e3: role unsynced -> master, epoch 3, master n2 (...)`).
+ROLE_LINE = re.compile(r"vg\d+ n\d+(?: e\S+)?: role (?:\w+ -> )?(?P<role>\w+), epoch (?P<epoch>\d+),"
+                       r" master (?P<master>n?\d+|none|None)")
 
 
 def want_namespaces(namespaced: bool | None) -> bool:
@@ -185,8 +188,9 @@ class NodeProc(Proc):
         for line in data[:end].decode(errors="replace").splitlines():
             m = ROLE_LINE.search(line)
             if m:
-                self.role_events.append({"role": m[3], "epoch": int(m[4]),
-                                         "master": None if m[5] == "None" else int(m[5])})
+                master = m["master"].lstrip("n")
+                self.role_events.append({"role": m["role"], "epoch": int(m["epoch"]),
+                                         "master": int(master) if master.isdigit() else None})
 
     def role(self) -> str | None:
         """The latest role the running process logged (None before its first)."""
