@@ -306,7 +306,7 @@ class Client:
                         raise BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
                     if outcome == "unknown":
                         unknown = last
-                    if doc.get("code") in ("not_master", "not_confirmed"):
+                    if doc.get("code") in ("not_master", "not_confirmed", "needs_restore"):
                         self._master.pop(vgroup, None)
                         if doc.get("master_http") and doc.get("master_http") != ep:
                             self._master[vgroup] = doc["master_http"]
@@ -319,11 +319,27 @@ class Client:
             time.sleep(pause * (0.5 + random.random()))
             pause = min(pause * 2, 0.5)
 
+    def _get(self, vgroup: int, path: str, node: str | None) -> dict:
+        """GET a vgroup's `path` from one replica (the master by default); the answer, or
+        BadRequestError (4xx) / ClientError (5xx: e.g. 503 needs_restore)."""
+        ep = node or self._master.get(vgroup) or self.find_master(vgroup) or self.nodes[0]
+        code, doc = self.request(ep, "GET", f"/v1/vgroups/{vgroup}/{path}")
+        if code != 200:
+            if 400 <= code < 500:
+                raise BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
+            raise ClientError(f"{ep}: {code} {doc.get('error')}")
+        return doc
+
+    def tables(self, vgroup: int, node: str | None = None) -> dict:
+        """The tables one replica (the master by default) holds rows of: {"tables": [{"name",
+        "columns": {column: type}, "archived_rows", "memtable_rows"}], "version", ...}."""
+        return self._get(vgroup, "tables", node)
+
     def read(self, vgroup: int, table: str, start: int | None = None, end: int | None = None,
              node: str | None = None, limit: int | None = None) -> dict:
         """Rows of `table` with start <= ts < end from one replica (the master by default):
-        {"rows": [{"ts", "_version", "_epoch", columns...}], "truncated", "version", ...}."""
-        ep = node or self._master.get(vgroup) or self.find_master(vgroup) or self.nodes[0]
+        {"rows": [{"ts", "_version", "_epoch", columns...}], "exists", "truncated",
+        "version", ...}; "exists" is False when the replica holds no row of the table."""
         q = [f"table={table}"]
         if start is not None:
             q.append(f"start={start}")
@@ -331,9 +347,4 @@ class Client:
             q.append(f"end={end}")
         if limit is not None:
             q.append(f"limit={limit}")
-        code, doc = self.request(ep, "GET", f"/v1/vgroups/{vgroup}/rows?{'&'.join(q)}")
-        if code != 200:
-            if 400 <= code < 500:
-                raise BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
-            raise ClientError(f"{ep}: {code} {doc.get('error')}")
-        return doc
+        return self._get(vgroup, f"rows?{'&'.join(q)}", node)

@@ -51,6 +51,8 @@ from vrepl.replica import (
     ArbitratorLost,
     ArbitratorRefused,
     ArbitratorRequest,
+    Commit,
+    CommitAdvanced,
     ConfirmForward,
     ConfirmStatus,
     FlowControl,
@@ -94,7 +96,7 @@ log = logging.getLogger("vrepl.sync")
 core_log = logging.getLogger("vrepl.replica")
 
 ForwardStatus = ConfirmStatus  # ok / failed / timed_out / not_master, as confirm_forward reports
-PEER_MESSAGE_TYPES = (Status, Heartbeat, Forward, ForwardBatch, ForwardAck, SyncRequest, TruncateRequest, SyncStart)
+PEER_MESSAGE_TYPES = (Status, Heartbeat, Forward, ForwardBatch, ForwardAck, SyncRequest, TruncateRequest, SyncStart, Commit)
 MAX_CATCH_UP_TICKS = 10_000  # after a long stall (SIGSTOP), ticks are replayed up to this many
 
 
@@ -141,7 +143,8 @@ class SyncCallbacks:
 
     I/O thread: write_to_cache(version, payload) or write_to_cache_batch(first_version,
     payloads); confirm_forward(version, status) or confirm_forward_range(first, last, status);
-    notify_role(role, epoch, master); notify_flow_control(level); notify_wal_truncated(version).
+    notify_role(role, epoch, master); notify_flow_control(level); notify_wal_truncated(version);
+    notify_commit(version) (the commit version rose: the app may archive records up to it).
     The thread calling start(): get_version().
     Restore threads (docs/restore.md): get_file_info(index[, name]) (seed getFileInfo),
     notify_file_synced(), get_version() after a files phase, file_magic(path) (the magic of a
@@ -157,6 +160,7 @@ class SyncCallbacks:
     notify_role: Callable[[str, int, int | None], Any] | None = None
     notify_flow_control: Callable[[int], Any] | None = None
     notify_wal_truncated: Callable[[int], Any] | None = None
+    notify_commit: Callable[[int], Any] | None = None
     get_version: Callable[[], int] | None = None
     get_wal_info: Callable[..., Any] | None = None
     get_file_info: Callable[..., Any] | None = None
@@ -201,6 +205,7 @@ class SyncInstance:
         self._core_flow = 0
         self._flow_level = 0
         self._role = Role.UNSYNCED
+        self._committed = 0  # the replica's commit version (CommitAdvanced), read by any thread
         self._epoch = 0
         self._master: int | None = None
         # The app-facing queue (any thread, under _qlock).
@@ -432,6 +437,13 @@ class SyncInstance:
             if self.store is not None:
                 self.store.close()
             io.release()
+
+    @property
+    def committed_version(self) -> int:
+        """The commit version (docs/embedding.md §Commit index): every record up to it is
+        in the log of every future master and is never truncated, so the app may archive
+        it; records above it may still be cut. 0 after start(); never decreases in a run."""
+        return self._committed
 
     @property
     def wal_dir(self) -> str:
@@ -865,6 +877,9 @@ class SyncInstance:
                 elif t is FlowControl:
                     self._core_flow = action.level
                     self._update_flow()
+                elif t is CommitAdvanced:
+                    self._committed = action.version
+                    self._callback(self.cb.notify_commit, action.version)
                 else:
                     raise VreplError(f"no executor for action {t.__name__}")
         finally:
@@ -1154,6 +1169,7 @@ class SyncInstance:
             **core,
             "sync": dict(self.counters),
             "queued_forwards": queued,
+            "committed_version": self._committed,
             "flow_control": self._flow_level,
             "wal": {
                 "durable_version": self.store.durable_version,

@@ -19,6 +19,7 @@ from vrepl.replica import (
     ArbitratorRefused,
     AppAcked,
     AppForward,
+    CommitAdvanced,
     Config,
     ConfirmForward,
     ConfirmStatus,
@@ -64,6 +65,7 @@ class SimNode:
     promise: tuple[int, int] = (0, -1)
     confirms: dict[int, ConfirmStatus] = field(default_factory=dict)
     roles: list[str] = field(default_factory=list)
+    commits: list[int] = field(default_factory=list)  # every CommitAdvanced, in order
     up: bool = True
     paused: bool = False
     auto_persist: bool = True
@@ -249,6 +251,7 @@ class Net:
         i = self.node_ids.index(node)
         cfg = self._state_config(i, sn)
         sn.replica = Replica(cfg)
+        sn.commits = []  # the commit version starts at 0 in a new run
         sn.up = True
         sn.paused = False
         self.execute(node, sn.replica.start())
@@ -285,6 +288,8 @@ class Net:
                 if sn.auto_persist:
                     self.persist(node)
             elif isinstance(a, TruncateWalAfter):
+                # docs/design.md §4.4: committed records are never cut.
+                assert not sn.commits or a.version >= sn.commits[-1], f"n{node} cuts below commit v{sn.commits[-1]}"
                 del sn.wal[a.version :]
                 sn.durable_version = min(sn.durable_version, a.version)
                 epoch = sn.wal[-1].epoch if sn.wal else 0
@@ -320,6 +325,9 @@ class Net:
                     self.local.append((node, AppAcked(a.record.version)))
             elif isinstance(a, NotifyRole):
                 sn.roles.append(a.role.describe())
+            elif isinstance(a, CommitAdvanced):
+                assert not sn.commits or a.version > sn.commits[-1], f"n{node} commit goes back to v{a.version}"
+                sn.commits.append(a.version)
 
     def persist(self, node: int, up_to: int | None = None) -> None:
         """Make node's WAL durable up to `up_to` (default: all of it) and report it."""

@@ -93,7 +93,7 @@ def test_single_replica_is_always_master():
     r = Replica(Config(vgroup_id=1, replicas=(5,), self_index=0, last_version=3, last_epoch=2, promised_epoch=2, promised_master=5))
     assert no_logs(r.start()) == ["persist_promised_epoch e3 for n5", "notify_role master e3 master n5"]
     assert no_logs(r.step(AppForward(4, b"abcd"))) == ["persist_records e3v4 4B"]
-    assert no_logs(r.step(WalPersisted(4))) == ["confirm_forward v4 ok"]
+    assert no_logs(r.step(WalPersisted(4))) == ["confirm_forward v4 ok", "commit_advanced v4"]
 
 
 def test_all_unsynced_majority_elects():
@@ -476,11 +476,11 @@ def test_pipelined_cumulative_acks():
     net.settle()
     assert net.take_trace(1) == ["n1: send n0 forward_ack e1 v3 ok"]
     net.deliver(1, 0)
-    assert net.take_trace(0) == ["n0: confirm_forward v1..v3 ok"]
+    assert net.take_trace(0) == ["n0: confirm_forward v1..v3 ok", "n0: commit_advanced v3"]
     net.persist(1)
     net.settle()
     net.deliver(1, 0)
-    assert net.take_trace(0) == ["n0: confirm_forward v4..v5 ok"]
+    assert net.take_trace(0) == ["n0: confirm_forward v4..v5 ok", "n0: commit_advanced v5"]
     stats = net.nodes[0].replica.stats()
     assert stats["peers"][1]["acked_version"] == 5 and stats["peers"][1]["lag_versions"] == 0
     assert stats["peers"][2]["lag_versions"] == 5
@@ -495,7 +495,7 @@ def test_master_waits_for_its_own_wal_before_confirming():
     net.take_trace()
     net.persist(0)
     net.run()
-    assert net.take_trace(0) == ["n0: confirm_forward v1 ok"]
+    assert net.take_trace(0) == ["n0: confirm_forward v1 ok", "n0: commit_advanced v1"]
 
 
 def test_slave_acks_only_after_wal_and_app():

@@ -16,6 +16,7 @@ from vrepl.errors import FrameError
 from vrepl.replica.messages import (
     ArbitratorGrant,
     ArbitratorRequest,
+    Commit,
     Forward,
     ForwardAck,
     ForwardBatch,
@@ -64,6 +65,7 @@ messages = st.one_of(
     st.builds(SyncRequest, u64, u64, u64),
     st.builds(TruncateRequest, u64, u64, u64),
     st.builds(SyncStart, u64, u64, u64),
+    st.builds(Commit, u64, u64),
     st.builds(ArbitratorRequest, u32, node, u64, u32),
     st.builds(ArbitratorGrant, u32, node, u64, u32, st.integers(0, 1)),
     st.builds(Hello, st.integers(0, 255), u32, node, node, b32, st.integers(0, 65535)),
@@ -127,6 +129,7 @@ def _frame(msg_type: int, payload: bytes, version: int = 1, epoch: int = 1) -> b
         (_frame(MsgType.STATUS, struct.pack("<iH", 1, 1000)), "1000 views"),
         (_frame(MsgType.STATUS, struct.pack("<iH", 1, 2) + b"\x00" * 29), "malformed STATUS"),
         (_frame(MsgType.SYNC_REQUEST, b"\x00" * 9), "malformed SYNC_REQUEST"),
+        (_frame(MsgType.COMMIT, b"\x00"), "malformed COMMIT: payload is 1 bytes, expected 0"),
         (_frame(MsgType.HELLO, b"\x00" * 3), "malformed HELLO"),
         (_frame(MsgType.WELCOME, b"x"), "malformed WELCOME"),
         (_frame(MsgType.ARBITRATOR_GRANT, struct.pack("<IiIB", 1, 1, 1, 5)), "granted is 5"),
@@ -147,6 +150,16 @@ def _frame(msg_type: int, payload: bytes, version: int = 1, epoch: int = 1) -> b
 def test_malformed_frames_raise_frame_error_naming_the_reason(frame, reason):
     with pytest.raises(FrameError, match=reason):
         codec.decode_bytes(frame)
+
+
+def test_commit_frame_layout():
+    """docs/embedding.md §Wire format: type 40, header version = committed version, header
+    epoch = the master's epoch, no payload."""
+    frame = codec.encode(Commit(7, 1234))
+    rec = _rec.decode_record(frame, 0, 1024)
+    assert (rec.msg_type, rec.version, rec.epoch, rec.payload) == (40, 1234, 7, b"")
+    assert len(frame) == codec.HEADER_BYTES
+    assert "40 COMMIT" in codec.describe_frame_types()
 
 
 def test_a_corrupt_inner_record_is_refused():

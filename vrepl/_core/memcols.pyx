@@ -271,6 +271,41 @@ cdef class Column:
         self.n = at + k
         return 0
 
+    cdef Column split_at(self, Py_ssize_t pos):
+        """Move rows [pos, n) into a new column (returned); this one keeps rows [0, pos).
+        Rows of the new column are numbered from 0."""
+        cdef Column out = Column(self.name, self.kind)
+        cdef Py_ssize_t k = self.n - pos, i
+        cdef int w = self._width()
+        cdef int64_t base, end
+        cdef int64_t* so
+        cdef int64_t* do
+        if k <= 0:
+            return out
+        out.valid.reserve(k)
+        memcpy(out.valid.ptr, self.valid.ptr + pos, k)
+        out.valid.size = k
+        if w:
+            out.data.reserve(k * w)
+            memcpy(out.data.ptr, self.data.ptr + pos * w, k * w)
+            out.data.size = k * w
+        else:
+            so = <int64_t*>self.offsets.ptr
+            base = so[pos]
+            end = so[self.n]
+            out.data.reserve(end - base)
+            if end > base:
+                memcpy(out.data.ptr, self.data.ptr + base, end - base)
+            out.data.size = end - base
+            out.offsets.reserve(k * 8)      # offsets[0] = 0 is already there
+            do = <int64_t*>(out.offsets.ptr + out.offsets.size)
+            for i in range(k):
+                do[i] = so[pos + 1 + i] - base
+            out.offsets.size += k * 8
+        out.n = k
+        self.truncate(pos)
+        return out
+
     def arrays(self, Py_ssize_t n):
         """(values, valid, offsets) as numpy arrays for rows [0, n), nulls padded: values is
         int64/float64/bool, or uint8 UTF-8 bytes with int64 offsets (n + 1) for str."""
@@ -435,6 +470,59 @@ cdef class TableLog:
     def append_row(self, int64_t ts, int64_t version, int64_t epoch, dict values,
                    object schema):
         self.append(ts, version, epoch, values, schema)
+
+    cdef void _rescan_ts(self) noexcept:
+        """first_ts, last_ts and increasing from the n rows' ts."""
+        cdef int64_t* t = <int64_t*>self.ts.ptr
+        cdef Py_ssize_t i
+        self.increasing = True
+        if self.n == 0:
+            self.first_ts = self.last_ts = 0
+            return
+        self.first_ts = t[0]
+        for i in range(1, self.n):
+            if t[i] <= t[i - 1]:
+                self.increasing = False
+                break
+        self.last_ts = t[self.n - 1]
+
+    def split_at(self, Py_ssize_t pos):
+        """Move rows [pos, n) into a new TableLog (returned); this log keeps rows [0, pos).
+
+        A prefix cut: versions never go down in append order, so the rows a flush may
+        archive (version <= a limit) are a prefix of every log (docs/vnode.md §5). The moved
+        rows are copied (they are the few not yet committed); the kept prefix is only
+        shortened, so nothing it exported changes. Columns with no row at or after `pos`
+        stay behind (the new log reads them as null)."""
+        cdef TableLog out = TableLog()
+        cdef Py_ssize_t k = self.n - pos
+        cdef Column col
+        if pos < 0 or pos > self.n:
+            raise IndexError(f"split_at({pos}) of a log of {self.n} rows")
+        if k == 0:
+            return out
+        for name, col in self.columns.items():
+            if col.n > pos:
+                out.columns[name] = col.split_at(pos)
+        out.ts.reserve(k * 8)
+        out.version.reserve(k * 8)
+        out.epoch.reserve(k * 8)
+        memcpy(out.ts.ptr, self.ts.ptr + pos * 8, k * 8)
+        memcpy(out.version.ptr, self.version.ptr + pos * 8, k * 8)
+        memcpy(out.epoch.ptr, self.epoch.ptr + pos * 8, k * 8)
+        out.ts.size = out.version.size = out.epoch.size = k * 8
+        out.n = k
+        out._rescan_ts()
+        self.ts.size = self.version.size = self.epoch.size = pos * 8
+        self.n = pos
+        self.order = []
+        if self.increasing:
+            self.last_ts = (<int64_t*>self.ts.ptr)[pos - 1] if pos else 0
+            if pos == 0:
+                self.first_ts = 0
+        else:
+            self._rescan_ts()
+        return out
 
     def seal(self):
         """Pad every column to n rows: reading the log afterwards writes nothing."""

@@ -85,8 +85,9 @@ def print_cluster_status(cluster: dict[str, Any], console: Console | None = None
             lag = "" if mv is None else str(max(0, mv - vg["version"]))
             peers = " ".join(f"n{n}:{r}" for n, r in sorted(vg["replicas"].items())
                              if int(n) != st["node"])
-            role = vg["role"]
-            color = {"master": "green", "slave": "cyan"}.get(role, "yellow")
+            # A vgroup that needs a restore takes no part in the group: its state says so.
+            role = vg["role"] if vg.get("state", "serving") == "serving" else vg["state"]
+            color = {"master": "green", "slave": "cyan", "needs_restore": "red"}.get(role, "yellow")
             rows.append((str(vg["vgroup"]), f"n{st['node']}", ep, f"[{color}]{role}[/]",
                          str(vg["epoch"]), f"n{vg['master']}" if vg["master"] else "-",
                          str(vg["version"]), str(vg["vnode"]["archived_version"]), lag, peers))

@@ -12,6 +12,7 @@ Routes:
     GET  /v1/status                                   node and vgroups
     POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}]
     GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
+    GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
 """
 from __future__ import annotations
 
@@ -152,6 +153,10 @@ class Node:
                 if req.method != "GET":
                     return error(405, "bad_method", f"{req.method} {req.path}: use GET")
                 return self._query(vg, req)
+            if parts[3] == "tables":
+                if req.method != "GET":
+                    return error(405, "bad_method", f"{req.method} {req.path}: use GET")
+                return vg.tables()
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
 
     def _vgroup(self, text: str) -> VgroupHost | Response:

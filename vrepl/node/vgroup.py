@@ -1,39 +1,54 @@
 """One vgroup hosted by a node: a reference Vnode embedding one SyncInstance.
 
 Owns: the write path of the master (validate, assign the next version, `forward()`, apply to
-the memtable once the record's outcome is known, answer the client), the slave's
-`write_to_cache` (apply, then `ack_forward`), request-id dedup for retried writes, the flush
-trigger (in a background thread, so the I/O thread never waits for Parquet), WAL
-truncation (rebuild the memtable) and the vgroup's status. docs/operations.md §The write
-path explains the ordering.
+the memtable once the record's outcome is known, answer the client), the no-op a new master
+forwards at once, the slave's `write_to_cache` (apply, then `ack_forward`), request-id dedup
+for retried writes, the flush trigger (in a background thread, so the I/O thread never
+waits for Parquet) with the group's commit index as its limit, WAL truncation (rebuild the
+memtable), the `needs_restore` state (a vgroup whose archived files hold versions its log
+no longer has: replication stopped, 503 to clients, a restore from the master by itself,
+vrepl/node/selfrestore.py) and the vgroup's status. docs/operations.md §The write path
+explains the ordering.
 
-Threads: everything here except `open()`/`close()` runs on the process's I/O thread (the
-sync instance's asyncio loop, shared with the HTTP server), so role, versions and pending
-writes need no lock. Flushes run on `flush_executor`; queries on the default executor.
+Threads: everything here except `open()`/`stop()` and the self-restore thread runs on the
+process's I/O thread (the sync instance's asyncio loop, shared with the HTTP server), so
+role, versions and pending writes need no lock. Flushes run on `flush_executor`; queries on
+the default executor; a self-restore on its own thread (it stops and starts the sync
+instance, which must not be done from the I/O thread).
 Must not: write the WAL (the sync instance owns it) or block the I/O thread on disk.
 """
 from __future__ import annotations
 
 import asyncio
-import os
 import concurrent.futures
 import logging
+import os
+import threading
 import time
 from typing import Any, Awaitable
 
+from vrepl.node import selfrestore
 from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.http import Response, error
-from vrepl.replica import AckStatus, ConfirmStatus
+from vrepl.replica import NO_NODE, AckStatus, ConfirmStatus
 from vrepl.restore import recover_interrupted_swap
 from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance
 from vrepl.vnode import Vnode
-from vrepl.vnode.errors import VnodeError
+from vrepl.vnode.errors import VnodeClosedError, VnodeError
+from vrepl.vnode.rows import NOOP_PAYLOAD
 
 log = logging.getLogger("vrepl.node")
 
 # Statuses after which the record IS in this node's WAL (docs/embedding.md: NOT_MASTER means
 # "version not consumed"; FAILED during stop() may be a record never appended, see _confirm).
 _IN_LOG = (ConfirmStatus.OK, ConfirmStatus.TIMED_OUT, ConfirmStatus.FAILED)
+
+SERVING, NEEDS_RESTORE = "serving", "needs_restore"
+# A failed self-restore is retried after this pause, doubled after each failure up to the max.
+SELF_RESTORE_RETRY_MS = 500
+SELF_RESTORE_RETRY_MAX_MS = 10_000
+SELF_RESTORE_IO_TIMEOUT_S = 30.0    # no byte moving for this long: the pull fails
+STOP_JOIN_S = 10.0                  # how long stop() waits for a self-restore to give up
 
 
 def _expire(fut: asyncio.Future) -> None:
@@ -47,16 +62,17 @@ class _Pending:
     costs no Task and no coroutine (docs/perf.md §HTTP). `status` exists only once a retry
     with the same request id waits on the same record (_duplicate)."""
 
-    __slots__ = ("answer", "rows", "nbytes", "rid", "timer", "status")
+    __slots__ = ("answer", "rows", "nbytes", "rid", "timer", "status", "epoch")
 
     def __init__(self, answer: asyncio.Future, rows: list, nbytes: int, rid: str | None,
-                 timer: asyncio.TimerHandle | None) -> None:
+                 timer: asyncio.TimerHandle | None, epoch: int) -> None:
         self.answer = answer
         self.rows = rows            # checked by prepare_raw; applied once the outcome is known
         self.nbytes = nbytes
         self.rid = rid
         self.timer = timer
         self.status: asyncio.Future | None = None
+        self.epoch = epoch          # the record's epoch (this master's)
 
 
 class VgroupHost:
@@ -87,42 +103,81 @@ class VgroupHost:
         self.role_changes: list[tuple[float, str, int]] = []
         self.counters = dict.fromkeys(("writes_ok", "writes_bad", "writes_not_master",
                                        "writes_unknown", "writes_overloaded",
-                                       "writes_duplicate", "rows_written", "apply_errors"), 0)
+                                       "writes_duplicate", "rows_written", "apply_errors",
+                                       "writes_needs_restore", "self_restores",
+                                       "self_restore_failures"), 0)
+        # The no-op record a new master forwards (docs/vnode.md §2), until its outcome.
+        self.noop_version = 0
+        self.noop_epoch = 0
+        # docs/operations.md §needs_restore: SERVING, or NEEDS_RESTORE with the details.
+        self.state = SERVING
+        self.needs_restore: dict[str, Any] | None = None
+        self.last_self_restore: dict[str, Any] | None = None
+        self._restorer: threading.Thread | None = None
+        self._restore_stop = threading.Event()
+        self._life_lock = threading.Lock()    # sync/vnode swapped by a self-restore vs stop()
 
     # -- start / stop (main thread) -----------------------------------------------------------
     def open(self) -> int:
-        """Load the manifest and replay the WAL into the memtable (crash recovery)."""
-        # A restore's file swap that a crash interrupted is finished (or abandoned) before
-        # the vnode reads its files (docs/restore.md).
-        done = recover_interrupted_swap(self.path) if os.path.isdir(self.path) else None
-        if done:
-            log.warning("vg%d n%d: restore swap after a crash: %s", self.id, self.node_id, done)
+        """Load the manifest and replay the WAL into the memtable (crash recovery). A vgroup
+        whose WAL ends below its archived version is opened without replay and starts in
+        needs_restore (start() then restores it instead of replicating)."""
+        if os.path.isdir(self.path):
+            # A swap that a crash interrupted is finished (or abandoned) before the vnode
+            # reads its files: a self-restore's (complete copy) first, then the restore
+            # flow's (docs/restore.md).
+            done = selfrestore.roll_forward(self.path)
+            if done:
+                log.warning("vg%d n%d: self-restore swap after a crash: %s", self.id,
+                            self.node_id, done)
+            done = recover_interrupted_swap(self.path)
+            if done:
+                log.warning("vg%d n%d: restore swap after a crash: %s", self.id, self.node_id,
+                            done)
         self.vnode = Vnode(self.path, self.node_cfg.vnode)
+        reason = selfrestore.wal_below_archive(self.path, self.node_cfg.vnode.max_payload_bytes)
+        if reason is not None:
+            self._mark_needs_restore(f"at start-up: {reason}")
+            return 0
         self.recovered_records = self.vnode.recover()
         return self.recovered_records
 
+    def _callbacks(self, vnode: Vnode) -> SyncCallbacks:
+        return SyncCallbacks(write_to_cache_batch=self._write_to_cache_batch,
+                             confirm_forward_range=self._confirm,
+                             notify_role=self._notify_role,
+                             notify_flow_control=self._notify_flow_control,
+                             notify_wal_truncated=self._notify_wal_truncated,
+                             get_version=vnode.get_version,
+                             # The restore flow's callbacks (docs/vnode.md §7).
+                             get_file_info=vnode.get_file_info,
+                             get_wal_info=vnode.get_wal_info,
+                             notify_file_synced=vnode.notify_file_synced)
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        cb = SyncCallbacks(write_to_cache_batch=self._write_to_cache_batch,
-                           confirm_forward_range=self._confirm,
-                           notify_role=self._notify_role,
-                           notify_flow_control=self._notify_flow_control,
-                           notify_wal_truncated=self._notify_wal_truncated,
-                           get_version=self.vnode.get_version,  # type: ignore[union-attr]
-                           # The restore flow's callbacks (docs/vnode.md §7).
-                           get_file_info=self.vnode.get_file_info,  # type: ignore[union-attr]
-                           get_wal_info=self.vnode.get_wal_info,  # type: ignore[union-attr]
-                           notify_file_synced=self.vnode.notify_file_synced)  # type: ignore[union-attr]
-        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), cb)
+        assert self.vnode is not None
+        if self.state == NEEDS_RESTORE:
+            self._start_restorer()      # no replication on data that needs a restore
+            return
+        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(self.vnode))
         self.sync.start()
 
     def stop(self) -> None:
-        """Stop replicating (queued forwards fail), then flush and close the vnode."""
+        """Stop replicating (queued forwards fail), then flush the committed rows and close
+        the vnode (the rows above the commit index are replayed from the WAL at the next
+        start). A vgroup in needs_restore archives nothing."""
         self.stopping = True
-        if self.sync is not None:
-            self.sync.stop()
-        if self.vnode is not None:
-            self.vnode.close()
+        self._restore_stop.set()
+        if self._restorer is not None:
+            self._restorer.join(STOP_JOIN_S)
+        with self._life_lock:
+            limit = 0
+            if self.sync is not None:
+                self.sync.stop()
+                limit = self.sync.committed_version
+            if self.vnode is not None:
+                self.vnode.close(up_to_version=limit if self.state == SERVING else 0)
 
     # -- callbacks (I/O thread) ------------------------------------------------------------
     def _notify_role(self, role: str, epoch: int, master: int | None) -> None:
@@ -131,11 +186,29 @@ class VgroupHost:
         del self.role_changes[:-20]
         if self.vnode is not None:
             self.vnode.notify_role(role)
+        log.info("vg%d n%d: role %s, epoch %d, master %s", self.id, self.node_id, role, epoch,
+                 master)
         if role == "master" and self.sync is not None and self.sync.replica is not None:
             # Versions continue the log: a new master's WAL ends where its slave WAL ended.
             self.next_version = self.sync.replica.last_version + 1
-        log.info("vg%d n%d: role %s, epoch %d, master %s", self.id, self.node_id, role, epoch,
-                 master)
+            self._forward_noop(epoch)
+
+    def _forward_noop(self, epoch: int) -> None:
+        """A new master commits the records it inherited from older epochs only together
+        with a record of its own epoch (Raft's rule, in the core). Forward one at once, a
+        no-op (docs/vnode.md §2), so they are committed, and archivable, without waiting for
+        a client's write."""
+        if self.stopping or self.state != SERVING:
+            return
+        version = self.next_version
+        try:
+            self.sync.forward(version, NOOP_PAYLOAD)  # type: ignore[union-attr]
+        except (FlowControlError, NotRunningError) as exc:
+            log.warning("vg%d n%d: no-op at v%d not forwarded (the first write commits the"
+                        " inherited records instead): %s", self.id, self.node_id, version, exc)
+            return
+        self.noop_version, self.noop_epoch = version, epoch
+        self.next_version = version + 1
 
     def _notify_flow_control(self, level: int) -> None:
         if self.vnode is not None:
@@ -152,6 +225,8 @@ class VgroupHost:
     def _write_to_cache_batch(self, first: int, payloads: tuple[bytes, ...]) -> None:
         vnode, sync = self.vnode, self.sync
         assert vnode is not None and sync is not None
+        if self.state != SERVING:
+            return      # replication is being stopped: nothing applied, nothing acked
         last = first + len(payloads) - 1
         # Record epochs never go down within a log, so when the first and the last record of
         # the batch share an epoch, every record has it: one history lookup per batch
@@ -184,6 +259,15 @@ class VgroupHost:
         apply = status in _IN_LOG and not (self.stopping and status == ConfirmStatus.FAILED)
         if status == ConfirmStatus.OK:
             self.confirmed_through = max(self.confirmed_through, last)
+        noop = self.noop_version
+        if noop and first <= noop <= last:
+            # The no-op comes before every write of this mastership: applied first.
+            self.noop_version = 0
+            if apply:
+                try:
+                    vnode.write_to_cache(noop, self.noop_epoch, NOOP_PAYLOAD)
+                except VnodeError as exc:   # closed while stopping
+                    log.warning("vg%d: no-op v%d not applied: %s", self.id, noop, exc)
         pending = self.pending
         if not pending:
             return
@@ -194,7 +278,7 @@ class VgroupHost:
             rid = entry.rid
             if apply:
                 try:
-                    vnode.apply_prepared(version, self.epoch, entry.rows, entry.nbytes, rid)
+                    vnode.apply_prepared(version, entry.epoch, entry.rows, entry.nbytes, rid)
                 except VnodeError as exc:   # closed while stopping
                     log.warning("vg%d: v%d not applied: %s", self.id, version, exc)
             if rid is not None:
@@ -202,35 +286,49 @@ class VgroupHost:
             if entry.timer is not None:
                 entry.timer.cancel()
             if not entry.answer.done():
-                entry.answer.set_result(self._answer(status, version, len(entry.rows), False))
+                entry.answer.set_result(self._answer(status, version, len(entry.rows), False,
+                                                     entry.epoch))
             if entry.status is not None and not entry.status.done():
                 entry.status.set_result(status)
         if apply:
             self._maybe_flush()
 
     def _notify_wal_truncated(self, version: int) -> None:
-        """The WAL was cut after `version` (a deposed master's suffix): rebuild the memtable."""
+        """The WAL was cut after `version` (a deposed master's suffix): rebuild the memtable.
+        A cut below the archived version cannot be undone locally (archived files hold
+        versions the log no longer has): the vgroup needs a restore."""
         vnode = self.vnode
         assert vnode is not None
+        if self.state != SERVING:
+            return
+        archived = vnode.archived_version
+        if version < archived:
+            self._enter_needs_restore(f"WAL truncated after v{version}, below the archived"
+                                      f" version v{archived}")
+            return
         try:
             n = vnode.rebuild()
             log.warning("vg%d n%d: WAL truncated after v%d: memtable rebuilt (%d records)",
                         self.id, self.node_id, version, n)
         except VnodeError as exc:
-            log.critical("vg%d n%d: WAL truncated after v%d below the archived files: %s",
-                         self.id, self.node_id, version, exc)
+            self._enter_needs_restore(f"WAL truncated after v{version}: {exc}")
 
     # -- flush ------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
         # No flush while a restore replaces the files under the vnode (role syncing).
-        if self.flushing or self.stopping or self.vnode is None or self.role == "syncing":
+        if self.flushing or self.stopping or self.vnode is None or self.role == "syncing" \
+                or self.state != SERVING or self.sync is None:
             return
-        reason = self.vnode.flush_due()
+        # Only what the group committed may be archived (docs/vnode.md §5): read the commit
+        # index here, on the I/O thread, when the flush is decided.
+        limit = self.sync.committed_version
+        reason = self.vnode.flush_due(up_to_version=limit)
         if reason is None:
             return
         self.flushing = True
-        log.info("vg%d n%d: flush: %s", self.id, self.node_id, reason)
-        fut = self.loop.run_in_executor(self.flush_executor, self.vnode.flush)  # type: ignore[union-attr]
+        log.info("vg%d n%d: flush up to v%d: %s", self.id, self.node_id, limit, reason)
+        fut = self.loop.run_in_executor(self.flush_executor, self.vnode.flush,  # type: ignore[union-attr]
+                                        None, limit)
         fut.add_done_callback(self._flushed)
 
     def _flushed(self, fut: asyncio.Future) -> None:
@@ -243,10 +341,10 @@ class VgroupHost:
         self.flushes += 1
         # The WAL below the archived version may go now (docs/vnode.md §5). The sync instance
         # owns the WAL, so it deletes the files, on its WAL thread (sealed files only).
-        recycle = getattr(self.sync, "recycle_wal", None)
-        if recycle is not None and not self.stopping and self.vnode is not None:
+        if not self.stopping and self.state == SERVING and self.sync is not None \
+                and self.vnode is not None:
             try:
-                recycle(self.vnode.archived_version + 1)
+                self.sync.recycle_wal(self.vnode.archived_version + 1)
             except Exception as exc:   # not running: the next flush tries again
                 log.warning("vg%d n%d: WAL recycling: %s", self.id, self.node_id, exc)
 
@@ -256,21 +354,47 @@ class VgroupHost:
 
     # -- client API (I/O thread) -----------------------------------------------------------
     def master_http(self) -> str | None:
-        if self.master is None or self.master not in self.node_cfg.nodes:
+        return self.http_of(self.master)
+
+    def http_of(self, node: int | None) -> str | None:
+        if node is None or node not in self.node_cfg.nodes:
             return None
-        return self.node_cfg.nodes[self.master].http_endpoint
+        return self.node_cfg.nodes[node].http_endpoint
+
+    def _role_now(self) -> tuple[str, int | None]:
+        """This node's role and master as the replication core has them at this moment. The
+        core reports a step-down's outcomes (FAILED) before it notifies the new role, so
+        while _confirm answers, self.role and self.master still say master."""
+        r = self.sync.replica if self.sync is not None else None
+        if self.stopping:
+            return "stopping", None
+        if r is None or self.state != SERVING:
+            return self.role, self.master
+        return r.role.describe(), (None if r.master == NO_NODE else r.master)
 
     def _not_master(self) -> Response:
         self.counters["writes_not_master"] += 1
-        where = (f"the master is n{self.master} at {self.master_http()}" if self.master is not None
+        role, master = self._role_now()
+        where = (f"the master is n{master} at {self.http_of(master)}" if master is not None
                  else "no master is known yet (election in progress)")
         return error(409, "not_master",
-                     f"vg{self.id}: this node (n{self.node_id}) is {self.role}; {where}",
-                     master=self.master, master_http=self.master_http(), outcome="not_written")
+                     f"vg{self.id}: this node (n{self.node_id}) is {role}; {where}",
+                     master=master, master_http=self.http_of(master), outcome="not_written")
+
+    def _needs_restore_answer(self, what: str) -> Response:
+        nr = self.needs_restore or {}
+        return error(503, "needs_restore",
+                     f"vg{self.id}: this node (n{self.node_id}) needs a restore"
+                     f" ({nr.get('reason', 'its data is being replaced')}) and {what} until"
+                     " it restored itself from the master; ask another replica",
+                     outcome="not_written")
 
     def write(self, body: bytes, request_id: str | None) -> "Response | Awaitable[Response]":
         """A client write: a Response at once (refused), else a future of the Response,
         set when the record's outcome is known (_confirm) or the write timeout expires."""
+        if self.state != SERVING:
+            self.counters["writes_needs_restore"] += 1
+            return self._needs_restore_answer("takes no writes")
         if self.role != "master" or self.stopping:
             return self._not_master()
         vnode, sync = self.vnode, self.sync
@@ -302,7 +426,7 @@ class VgroupHost:
         # outcome is unknown; the record stays pending and _confirm still applies it.
         timer = loop.call_later(self.node_cfg.http.write_timeout_ms / 1000, self._write_expired,
                                 version)
-        self.pending[version] = _Pending(answer, rows, len(payload), request_id, timer)
+        self.pending[version] = _Pending(answer, rows, len(payload), request_id, timer, self.epoch)
         if request_id is not None:
             self.pending_rids[request_id] = version
         return answer
@@ -314,12 +438,12 @@ class VgroupHost:
         entry.timer = None
         if not entry.answer.done():
             entry.answer.set_result(self._answer(ConfirmStatus.TIMED_OUT, version,
-                                                 len(entry.rows), False))
+                                                 len(entry.rows), False, entry.epoch))
         if entry.status is not None:
             _expire(entry.status)
 
     async def _outcome(self, fut: asyncio.Future, version: int, nrows: int,
-                       duplicate: bool) -> Response:
+                       duplicate: bool, epoch: int) -> Response:
         # A timer, not asyncio.wait_for (a task per write): on expiry the shared future says
         # TIMED_OUT; the record is still applied by _confirm when its outcome comes.
         timer = self.loop.call_later(self.node_cfg.http.write_timeout_ms / 1000,  # type: ignore[union-attr]
@@ -328,15 +452,15 @@ class VgroupHost:
             status = await fut
         finally:
             timer.cancel()
-        return self._answer(status, version, nrows, duplicate)
+        return self._answer(status, version, nrows, duplicate, epoch)
 
     def _answer(self, status: ConfirmStatus, version: int, nrows: int,
-                duplicate: bool) -> Response:
-        """The client's answer for a record whose outcome is `status`."""
+                duplicate: bool, epoch: int) -> Response:
+        """The client's answer for a record of `epoch` whose outcome is `status`."""
         if status == ConfirmStatus.OK:
             self.counters["writes_ok"] += 1
             self.counters["rows_written"] += nrows
-            return Response(200, {"version": version, "epoch": self.epoch, "rows": nrows,
+            return Response(200, {"version": version, "epoch": epoch, "rows": nrows,
                                   "duplicate": duplicate, "node": self.node_id})
         if status == ConfirmStatus.NOT_MASTER:
             return self._not_master()
@@ -345,59 +469,234 @@ class VgroupHost:
             return error(504, "timeout", f"vg{self.id}: v{version} not confirmed by a quorum in"
                          " time: the outcome is unknown (retry with the same request_id)",
                          outcome="unknown", version=version)
+        role, master = self._role_now()
         return error(503, "not_confirmed", f"vg{self.id}: v{version} failed ({status.describe()}):"
-                     f" this node is now {self.role}; the outcome is unknown (retry with the same"
-                     " request_id)", outcome="unknown", version=version, master=self.master,
-                     master_http=self.master_http())
+                     f" this node is now {role}; the outcome is unknown (retry with the same"
+                     " request_id)", outcome="unknown", version=version, master=master,
+                     master_http=self.http_of(master))
+
+    def _committed(self) -> int:
+        """The group's commit index as this node knows it (docs/embedding.md)."""
+        return self.sync.committed_version if self.sync is not None else 0
 
     async def _duplicate(self, request_id: str, version: int) -> Response:
-        """A retried request whose id this vgroup's log already holds at `version`."""
+        """A retried request whose id this vgroup's log already holds at `version`: answered
+        with the record's own version and epoch once the group committed it."""
         self.counters["writes_duplicate"] += 1
         entry = self.pending.get(version)
         if entry is not None:
             if entry.status is None:
                 entry.status = self.loop.create_future()  # type: ignore[union-attr]
-            return await self._outcome(entry.status, version, len(entry.rows), duplicate=True)
-        # In the log: answer once a quorum holds it (a record inherited from an older epoch
-        # was never confirmed on this master, so ask the replication state).
+            return await self._outcome(entry.status, version, len(entry.rows), True, entry.epoch)
+        # In the log, maybe inherited from an older epoch: committed only once the commit
+        # index covers it. (A quorum holding an inherited record does not commit it: a newer
+        # master may still cut it, docs/design.md §4.3.)
         deadline = time.monotonic() + self.node_cfg.http.write_timeout_ms / 1000
         while True:
-            if version <= self.confirmed_through or version <= self._quorum_version():
-                return Response(200, {"version": version, "epoch": self.epoch, "duplicate": True,
-                                      "node": self.node_id, "request_id": request_id})
+            if self.state != SERVING:
+                return self._needs_restore_answer("takes no writes")
+            if version <= self._committed():
+                return Response(200, {"version": version, "epoch": self._record_epoch(version),
+                                      "duplicate": True, "node": self.node_id,
+                                      "request_id": request_id})
             if time.monotonic() > deadline or self.role != "master":
                 return error(504, "timeout", f"vg{self.id}: request {request_id} is in the log at"
-                             f" v{version} but not yet confirmed by a quorum: the outcome is"
+                             f" v{version} but not yet committed by the group: the outcome is"
                              " unknown (retry)", outcome="unknown", version=version)
             await asyncio.sleep(0.02)
-
-    def _quorum_version(self) -> int:
-        """The highest version a quorum of replicas holds durably (from sync.stats())."""
-        try:
-            st = self.sync.stats()  # type: ignore[union-attr]
-        except Exception:
-            return 0
-        held = [st["wal"]["durable_version"]]
-        held += [p.get("acked_version", 0) for p in st.get("peers", {}).values()]
-        held.sort(reverse=True)
-        quorum = self.spec.quorum or len(self.spec.replicas) // 2 + 1
-        return held[quorum - 1] if len(held) >= quorum else 0
 
     async def query(self, table: str, start: int, end: int, limit: int) -> Response:
         vnode = self.vnode
         assert vnode is not None and self.loop is not None
+        if self.state != SERVING:
+            return self._needs_restore_answer("serves no reads")
         try:
             rows = await self.loop.run_in_executor(None, vnode.query, table, start, end)
+            exists = bool(rows) or vnode.has_table(table)
+        except VnodeClosedError:
+            if self.state != SERVING:
+                return self._needs_restore_answer("serves no reads")
+            return error(503, "stopping", f"vg{self.id}: this node is stopping")
         except VnodeError as exc:
             return error(400, "bad_query", str(exc))
+        if self.state != SERVING:     # entered needs_restore while the query ran
+            return self._needs_restore_answer("serves no reads")
         truncated = len(rows) > limit
         return Response(200, {"vgroup": self.id, "node": self.node_id, "role": self.role,
-                              "version": vnode.get_version(), "table": table,
+                              "version": vnode.get_version(), "table": table, "exists": exists,
                               "rows": rows[:limit], "truncated": truncated})
+
+    def tables(self) -> Response:
+        """GET /v1/vgroups/{id}/tables: the tables this replica holds rows of."""
+        vnode = self.vnode
+        assert vnode is not None
+        if self.state != SERVING:
+            return self._needs_restore_answer("serves no reads")
+        return Response(200, {"vgroup": self.id, "node": self.node_id, "role": self.role,
+                              "version": vnode.get_version(), "tables": vnode.tables()})
+
+    # -- needs_restore (docs/operations.md §A vgroup that needs a restore) -------------------
+    def _mark_needs_restore(self, reason: str) -> None:
+        self.state = NEEDS_RESTORE
+        self.needs_restore = {"reason": reason, "since": round(time.time(), 3),
+                              "phase": "stopping replication", "source": None, "attempts": 0,
+                              "last_error": None}
+        log.critical("vg%d n%d: needs a restore: %s. This replica stops replicating (peers see"
+                     " it offline: it neither votes nor can be elected), answers 503"
+                     " needs_restore to reads and writes, and restores itself from the master",
+                     self.id, self.node_id, reason)
+
+    def _enter_needs_restore(self, reason: str) -> None:
+        """(I/O thread) From now on nothing is served, applied or acked; the self-restore
+        thread stops replication (that cannot be done on this thread) and restores."""
+        if self.state == NEEDS_RESTORE:
+            return
+        self._mark_needs_restore(reason)
+        self._start_restorer()
+
+    def _start_restorer(self) -> None:
+        if self.stopping or (self._restorer is not None and self._restorer.is_alive()):
+            return
+        self._restorer = threading.Thread(target=self._self_restore, daemon=True,
+                                          name=f"vrepl-self-restore-vg{self.id}")
+        self._restorer.start()
+
+    def _phase(self, phase: str, **fields: Any) -> None:
+        if self.needs_restore is not None:
+            self.needs_restore.update(phase=phase, **fields)
+
+    def _self_restore(self) -> None:
+        """(self-restore thread) Stop replicating, close the vnode without archiving
+        anything, then until it works: pull a complete copy from the master, check it, swap
+        it in (the promise file stays), reopen the vnode and start replicating again."""
+        t0 = time.monotonic()
+        known_master = self.master if self.master != self.node_id else None
+        with self._life_lock:
+            if self.sync is not None:
+                t = time.monotonic()
+                self.sync.stop()
+                log.info("vg%d n%d: needs_restore: replication stopped in %d ms", self.id,
+                         self.node_id, selfrestore.ms_since(t))
+            if self.vnode is not None:
+                self.vnode.close(up_to_version=0)      # archive nothing more of this data
+        max_record = self.node_cfg.vnode.max_payload_bytes
+        own_end = selfrestore.wal_end(self.path, max_record)
+        self._phase("waiting for a source", wal_end={"epoch": own_end[0], "version": own_end[1]})
+        pause_ms = SELF_RESTORE_RETRY_MS
+        attempt = 0
+        while not self._restore_stop.is_set():
+            attempt += 1
+            self._phase("looking for the master", attempts=attempt)
+            try:
+                done = self._restore_attempt(attempt, known_master, own_end, max_record)
+            except Exception as exc:    # every failure is retried: one line, then a pause
+                done = False
+                self.counters["self_restore_failures"] += 1
+                self._phase("waiting to retry", last_error=str(exc) or type(exc).__name__)
+                log.warning("vg%d n%d: needs_restore: attempt %d failed: %s; retrying in %d ms",
+                            self.id, self.node_id, attempt, exc, pause_ms)
+            if done:
+                took = selfrestore.ms_since(t0)
+                self.counters["self_restores"] += 1
+                self.last_self_restore = {**(self.needs_restore or {}), "took_ms": took,
+                                          "finished": round(time.time(), 3)}
+                self.last_self_restore.pop("phase", None)
+                self.needs_restore = None
+                log.warning("vg%d n%d: needs_restore: restored in %d ms (%d attempts); serving"
+                            " again", self.id, self.node_id, took, attempt)
+                return
+            if self._restore_stop.wait(pause_ms / 1000):
+                return
+            pause_ms = min(pause_ms * 2, SELF_RESTORE_RETRY_MAX_MS)
+
+    def _restore_attempt(self, attempt: int, known_master: int | None,
+                         own_end: tuple[int, int], max_record: int) -> bool:
+        """One try of the self-restore; False when stopped, raises on failure."""
+        t = time.monotonic()
+        swapped = selfrestore.roll_forward(self.path)     # a swap a failure interrupted
+        if swapped is None:
+            peers = [self.node_cfg.nodes[n].http_endpoint for n in self.spec.replicas
+                     if n != self.node_id and n in self.node_cfg.nodes]
+            source = known_master if attempt == 1 and known_master is not None else \
+                selfrestore.find_master(peers, self.id) or known_master
+            if source is None or source == self.node_id or source not in self.node_cfg.nodes:
+                raise selfrestore.SelfRestoreError("no master known: the peers name none"
+                                                   " (are they up?)")
+            where = self.node_cfg.nodes[source].replication_endpoint
+            self._phase("pulling a copy", source=source)
+            log.info("vg%d n%d: needs_restore: pulling a complete copy from n%d at %s"
+                     " (attempt %d)", self.id, self.node_id, source, where, attempt)
+            copy = selfrestore.pull(self.path, where, vgroup=self.id, secret=self.node_cfg.secret,
+                                    timeout_s=SELF_RESTORE_IO_TIMEOUT_S,
+                                    max_record_bytes=max_record)
+            log.info("vg%d n%d: needs_restore: copy from n%d in %d ms: %d files (%d bytes"
+                     " received), %d WAL records, log end e%dv%d", self.id, self.node_id,
+                     source, selfrestore.ms_since(t), copy.files, copy.file_bytes,
+                     copy.wal_records, copy.epoch, copy.version)
+            # A master's log holds every committed record: a copy ending at or after this
+            # node's own log end misses nothing this node ever acknowledged.
+            if (copy.epoch, copy.version) < own_end:
+                raise selfrestore.SelfRestoreError(
+                    f"the copy from n{source} ends at e{copy.epoch}v{copy.version}, before this"
+                    f" node's own log end e{own_end[0]}v{own_end[1]}: refused (is n{source}"
+                    " really the master?)")
+            if self._restore_stop.is_set():
+                return False
+            self._phase("swapping in the copy")
+            t = time.monotonic()
+            swapped = selfrestore.swap(self.path)
+            log.info("vg%d n%d: needs_restore: %s in %d ms", self.id, self.node_id, swapped,
+                     selfrestore.ms_since(t))
+        self._phase("reopening")
+        t = time.monotonic()
+        vnode = Vnode(self.path, self.node_cfg.vnode)
+        reason = selfrestore.wal_below_archive(self.path, max_record)
+        if reason is not None:
+            vnode.close(up_to_version=0)
+            raise selfrestore.SelfRestoreError(f"the restored copy is not usable: {reason}")
+        replayed = vnode.recover()
+        with self._life_lock:
+            if self._restore_stop.is_set():
+                vnode.close(up_to_version=0)
+                return False
+            self.vnode = vnode
+            self.recovered_records = replayed
+            self.role, self.master, self.pending_rids = "unsynced", None, {}
+            self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(vnode))
+            self.state = SERVING
+            try:
+                self.sync.start()
+            except BaseException:
+                self.state = NEEDS_RESTORE
+                vnode.close(up_to_version=0)
+                raise
+        log.info("vg%d n%d: needs_restore: vnode reopened (archived v%d, %d WAL records"
+                 " replayed) and replication started in %d ms", self.id, self.node_id,
+                 vnode.archived_version, replayed, selfrestore.ms_since(t))
+        return True
 
     def status(self) -> dict[str, Any]:
         sync, vnode = self.sync, self.vnode
-        assert sync is not None and vnode is not None
+        assert vnode is not None
+        arb = self.spec.arbitrator
+        doc: dict[str, Any] = {
+            "vgroup": self.id, "state": self.state, "role": self.role, "epoch": self.epoch,
+            "master": self.master, "master_http": self.master_http(),
+            "version": vnode.get_version(), "wal_last_version": 0, "wal_durable_version": 0,
+            "confirmed_version": self.confirmed_through, "committed_version": 0,
+            "replicas": {}, "peers": {},
+            "arbitrator": {"address": arb, "used": False, "connected": False},
+            "flow_control": 0, "pending_writes": len(self.pending),
+            "vnode": {**vnode.status(), "flushes": self.flushes, "flush_errors": self.flush_errors,
+                      "recovered_records": self.recovered_records},
+            "needs_restore": dict(self.needs_restore) if self.needs_restore else None,
+            "last_self_restore": self.last_self_restore,
+            "counters": dict(self.counters),
+        }
+        if self.state != SERVING or sync is None:
+            # Replication is stopped: this replica takes no part in the group.
+            doc.update(role="unsynced", master=None, master_http=None)
+            return doc
         roles = sync.roles()
         stats = sync.stats()
         peers = {}
@@ -406,20 +705,14 @@ class VgroupHost:
                                 "acked_version": p.get("acked_version"),
                                 "lag_versions": p.get("lag_versions"),
                                 "state": p.get("state")}
-        arb = self.spec.arbitrator
-        return {
-            "vgroup": self.id, "role": self.role, "epoch": self.epoch, "master": self.master,
-            "master_http": self.master_http(), "version": vnode.get_version(),
+        doc.update({
             "wal_last_version": roles["last_version"],
             "wal_durable_version": stats["wal"]["durable_version"],
-            "confirmed_version": self.confirmed_through,
+            "committed_version": sync.committed_version,
             "replicas": {str(n): r for n, r in roles["replicas"].items()},
             "peers": peers,
             "arbitrator": {"address": arb, "used": sync.cfg.arbitrator_used,
                            "connected": stats.get("arbitrator_connected", False)},
             "flow_control": stats.get("flow_control", 0),
-            "pending_writes": len(self.pending),
-            "vnode": {**vnode.status(), "flushes": self.flushes, "flush_errors": self.flush_errors,
-                      "recovered_records": self.recovered_records},
-            "counters": dict(self.counters),
-        }
+        })
+        return doc

@@ -8,6 +8,7 @@ random, threading, select or selectors (tests/unit/test_replica_imports.py check
 
 from vrepl.replica.actions import (
     Action,
+    CommitAdvanced,
     ConfirmForward,
     ConfirmStatus,
     FlowControl,
@@ -56,6 +57,7 @@ from vrepl.replica.messages import (
     AckStatus,
     ArbitratorGrant,
     ArbitratorRequest,
+    Commit,
     Forward,
     ForwardAck,
     ForwardBatch,

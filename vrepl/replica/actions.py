@@ -228,6 +228,18 @@ class Log:
 
 
 @dataclass(frozen=True, slots=True)
+class CommitAdvanced:
+    """This replica's commit version rose to `version` (docs/design.md §4.4): every record up
+    to it is in the log of every future master and is never truncated, so the app may archive
+    (flush) it. Records above it may still be cut by a TruncateWalAfter."""
+
+    version: int
+
+    def describe(self) -> str:
+        return f"commit_advanced v{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
 class FlowControl:
     """Slow the app's writes down (level 1) or back to normal (level 0): a slave lags by more
     than flow_control_lag_versions (seed / issue: notify_flow_control)."""
@@ -253,4 +265,5 @@ Action = (
     | PersistPromisedEpoch
     | Log
     | FlowControl
+    | CommitAdvanced
 )

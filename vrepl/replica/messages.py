@@ -215,6 +215,19 @@ class SyncStart:
 
 
 @dataclass(frozen=True, slots=True)
+class Commit:
+    """Master of `epoch` -> a replicating follower: every version <= `version` is committed
+    (docs/design.md §4.4). Sent on a tick when the master's commit version advanced beyond
+    what it last sent that follower; a follower ignores a Commit of another epoch."""
+
+    epoch: int
+    version: int
+
+    def describe(self) -> str:
+        return f"commit e{self.epoch} v{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
 class ArbitratorRequest:
     """Replica -> arbitrator: grant (or renew) support for me as master of vgroup in epoch."""
 
@@ -242,4 +255,6 @@ class ArbitratorGrant:
         return f"arbitrator_grant vg{self.vgroup_id} {_node(self.node)} e{self.epoch} lease {self.lease_ms}ms {verdict}"
 
 
-PeerMessage = Status | Heartbeat | Forward | ForwardBatch | ForwardAck | SyncRequest | TruncateRequest | SyncStart
+PeerMessage = (
+    Status | Heartbeat | Forward | ForwardBatch | ForwardAck | SyncRequest | TruncateRequest | SyncStart | Commit
+)

@@ -19,6 +19,7 @@ from typing import Callable
 from vrepl.replica import election
 from vrepl.replica.actions import (
     Action,
+    CommitAdvanced,
     ConfirmForward,
     ConfirmStatus,
     FlowControl,
@@ -68,6 +69,7 @@ from vrepl.replica.invariant import invariant
 from vrepl.replica.messages import (
     NO_NODE,
     AckStatus,
+    Commit,
     Forward,
     ForwardAck,
     ForwardBatch,
@@ -212,6 +214,10 @@ class Replica:
             self.history = EpochHistory(config.epoch_history)
         self.durable_version = config.last_version  # the WAL we start from is on disk
         self.app_acked_version = config.last_version
+        # Commit index (docs/design.md §4.4): every version <= commit_version is in the log of
+        # every future master, so it is never truncated and the app may archive it. Never
+        # decreases within a run; 0 after a restart (the app keeps its own archived version).
+        self.commit_version = 0
 
         # Views of the others; index = position in the replica list.
         blank = PeerView(Role.OFFLINE, 0, 0, 0, NO_NODE)
@@ -231,6 +237,7 @@ class Replica:
 
         # Master side.
         self.window: PendingWindow | None = None
+        self.epoch_first_version = 0  # the first version this master writes in its epoch
         self.peers: dict[int, PeerProgress] = {}
         self.flow_level = 0
 
@@ -240,12 +247,14 @@ class Replica:
         self.sync_target_version = 0
         self.acked_sent_version = 0
         self.truncating_to: int | None = None
+        self.master_commit_version = 0  # the last Commit of the master followed now
         self.restoring = False  # a restore session from the master runs (docs/restore.md)
         self.cache = SyncCache(config.sync_cache_max_records, config.sync_cache_max_bytes)
 
         self._status_dirty = False
         self._election_dirty = False
         self._last_decision = ""
+        self._commit_on_confirm = self._commit_follows_quorum(config)
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "forwards_sent",
@@ -303,6 +312,7 @@ class Replica:
             SyncRequest: self.on_sync_request,
             TruncateRequest: self.on_truncate_request,
             SyncStart: self.on_sync_start,
+            Commit: self.on_commit,
         }
 
     # ------------------------------------------------------------------ public API
@@ -541,6 +551,7 @@ class Replica:
         self.window = PendingWindow(self.me, self.cfg.quorum_effective - 1, self.cfg.max_inflight_forwards, self.n)
         # Records inherited from older epochs need no confirmation; the window starts empty.
         self.window.ack(self.me, self.durable_version)
+        self.epoch_first_version = self.last_version + 1
         self.flow_level = 0
         self.counters["elections_won"] += 1
         self._set_role(Role.MASTER)
@@ -577,6 +588,7 @@ class Replica:
         self.matched_version = 0
         self.sync_target_version = 0
         self.acked_sent_version = 0
+        self.master_commit_version = 0
         self.cache.clear()
 
     # ------------------------------------------------------------------ arbitrator
@@ -646,6 +658,8 @@ class Replica:
             and now % cfg.heartbeat_interval_ticks == 0
         ):
             self._request_grant(self.promised_epoch)  # renew the lease
+        if self.role == Role.MASTER and self.commit_version:
+            self._send_commits()
         # Deciding is cheap (n <= 5); doing it every tick also retries arbitrator requests.
         self._election_dirty = True
 
@@ -749,9 +763,12 @@ class Replica:
         reason = config_invalid(cfg)
         invariant(reason is None, f"set_quorum: {reason}")
         self.cfg = cfg
+        self._commit_on_confirm = self._commit_follows_quorum(cfg)
         self._log(LogLevel.INFO, f"quorum is now {cfg.quorum_effective}")
         if self.window is not None:
             self._confirm_range(self.window.set_slave_acks_needed(cfg.quorum_effective - 1), ConfirmStatus.OK)
+            if not self._commit_on_confirm:
+                self._commit_by_majority()
         self._maybe_ack()
         return self._finish()
 
@@ -792,6 +809,8 @@ class Replica:
         if self.role == Role.MASTER:
             invariant(self.window is not None, "a master has a window")
             self._confirm_range(self.window.ack(self.me, ev.up_to_version), ConfirmStatus.OK)
+            if not self._commit_on_confirm:
+                self._commit_by_majority()
         else:
             self._maybe_ack()
 
@@ -811,6 +830,8 @@ class Replica:
         peer.acked_version = max(peer.acked_version, ack.acked_version)
         self.counters["acks_received"] += 1
         self._confirm_range(self.window.ack(i, ack.acked_version), ConfirmStatus.OK)
+        if not self._commit_on_confirm:
+            self._commit_by_majority()
         self._check_flow()
 
     def _confirm_range(self, span: tuple[int, int] | None, status: ConfirmStatus) -> None:
@@ -823,6 +844,67 @@ class Replica:
         elif status == ConfirmStatus.FAILED:
             self.counters["confirmed_failed"] += last - first + 1
         self._emit(ConfirmForward(first, last, status))
+        if status == ConfirmStatus.OK and self._commit_on_confirm:
+            # The window holds only this master's own-epoch records, and an own-epoch record
+            # on a quorum commits every record below it (docs/design.md §4.4). After the
+            # ConfirmForward: an app applies a record at its confirmation, then may archive it.
+            self._advance_commit(last)
+
+    # ------------------------------------------------------------------ commit index (docs/design.md §4.4)
+
+    @staticmethod
+    def _commit_follows_quorum(cfg: Config) -> bool:
+        """True when a confirmation (quorum) is also a majority, so "confirmed ok" is the
+        commit rule; with quorum < majority the commit index counts a majority itself."""
+        return cfg.quorum_effective >= len(cfg.replicas) // 2 + 1
+
+    def _advance_commit(self, version: int) -> None:
+        if version <= self.commit_version:
+            return
+        invariant(version <= self.last_version, "a replica commits only records its log holds")
+        self.commit_version = version
+        self._emit(CommitAdvanced(version))
+
+    def _commit_by_majority(self) -> None:
+        """quorum < majority: a confirmation may be on fewer replicas than any election
+        consults, so it commits nothing; the highest own-epoch version a majority holds
+        durably (the master's own WAL and its followers' acks in this epoch) does."""
+        w = self.window
+        invariant(w is not None, "a master has a window")
+        held = sorted((w.acked_version(i) for i in range(self.n)), reverse=True)
+        point = held[self.n // 2]
+        if point >= self.epoch_first_version:
+            self._advance_commit(point)
+
+    def _send_commits(self) -> None:
+        """On a tick: tell each replicating follower the commit version if it advanced since
+        the last Commit it got (at most one small frame per follower per tick)."""
+        version = self.commit_version
+        msg = None
+        for i, peer in self.peers.items():
+            if peer.commit_sent < version and peer.state == PeerState.REPLICATING and self.connected[i]:
+                if msg is None:
+                    msg = Commit(self.promised_epoch, version)
+                peer.commit_sent = version
+                self._emit(Send(self.nodes[i], msg))
+
+    def on_commit(self, i: int, msg: Commit) -> None:
+        if not self._is_my_master(i, msg.epoch):
+            self._log(LogLevel.DEBUG, f"ignored {msg.describe()} from n{self.nodes[i]}: not following it in e{msg.epoch}")
+            return
+        if msg.version > self.master_commit_version:
+            self.master_commit_version = msg.version
+            self._follower_commit()
+
+    def _follower_commit(self) -> None:
+        """A follower's commit version: what its master committed, as far as this node's
+        own log is durable and known to match the master's (so the records are the
+        committed ones, not a deposed master's records at the same versions)."""
+        if self.truncating_to is not None or self.role not in (Role.SLAVE, Role.SYNCING):
+            return
+        point = min(self.master_commit_version, self.durable_version, self.matched_version)
+        if point > self.commit_version:
+            self._advance_commit(point)
 
     def _check_flow(self) -> None:
         # Hysteresis: slow down above the limit, resume below half of it.
@@ -854,6 +936,7 @@ class Replica:
             self._log(LogLevel.DEBUG, f"ignored {req.describe()} from n{node}: not master of that epoch")
             return
         peer = self.peers[i]
+        peer.commit_sent = 0  # it resyncs: tell it the commit version again
         # docs/design.md §4.3: find where the follower's log stops matching mine, comparing
         # (epoch, version), never the version alone.
         common_epoch, end = self.history.end_of_epoch_at_most(req.last_epoch, self.last_version)
@@ -908,6 +991,9 @@ class Replica:
             self._send_sync_request("nothing to truncate")
             return
         invariant(cut >= self.matched_version, "the master never cuts records it matched")
+        # docs/design.md §4.4: committed records are in every later master's log, so a
+        # master never asks for them to be cut.
+        invariant(cut >= self.commit_version, f"never truncate below the commit version v{self.commit_version}")
         self.truncating_to = cut
         self.sync_started = False
         self.cache.clear()
@@ -1186,6 +1272,8 @@ class Replica:
 
     def _maybe_ack(self) -> None:
         """Ack cumulatively what is durable, matches the master, and (if required) applied."""
+        if self.master_commit_version > self.commit_version:
+            self._follower_commit()  # durable or matched may have grown
         if self.role not in (Role.SLAVE, Role.SYNCING) or not self.sync_started:
             return
         point = min(self.durable_version, self.matched_version)

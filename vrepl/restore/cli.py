@@ -104,8 +104,10 @@ class _Fail(Exception):
 
 
 def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes, timeout_s: float = 30.0,
-                 progress: Any = None) -> Any:
-    """One restore session into `data`; returns the Receiver (stats) or raises RestoreError."""
+                 progress: Any = None, sink: Any = None) -> Any:
+    """One restore session into `data` (through `sink`, a DirSink of `data` by default; a node
+    restoring itself passes its own, vrepl/node/selfrestore.py); returns the Receiver (stats)
+    or raises RestoreError."""
     from vrepl.restore.dirsink import DirSink
     from vrepl.restore.receiver import Receiver
     from vrepl.restore.stream import connect_sync
@@ -115,7 +117,7 @@ def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes,
                           node=RESTORE_TOOL_NODE_ID, target_node=None, timeout_s=min(timeout_s, 10.0),
                           io_timeout_s=timeout_s)
     try:
-        receiver = Receiver(DirSink(data), progress=progress, name=f"restore vg{vgroup} from {host}:{port}")
+        receiver = Receiver(sink or DirSink(data), progress=progress, name=f"restore vg{vgroup} from {host}:{port}")
         try:
             receiver.run(stream)
         except Exception as exc:

@@ -12,7 +12,7 @@ Frame types (WAL data records use 1..15, so a frame is never mistaken for WAL da
 
     16 HELLO  17 CHALLENGE  18 AUTH  19 WELCOME                     connection handshake
     32 STATUS 33 HEARTBEAT 34 FORWARD 35 FORWARD_BATCH 36 FORWARD_ACK
-    37 SYNC_REQUEST 38 TRUNCATE_REQUEST 39 SYNC_START                peer messages
+    37 SYNC_REQUEST 38 TRUNCATE_REQUEST 39 SYNC_START 40 COMMIT      peer messages
     48 ARBITRATOR_REQUEST 49 ARBITRATOR_GRANT                        replica <-> arbitrator
 
 Any other msg_type, a payload of the wrong size or a field out of range raises FrameError
@@ -33,6 +33,7 @@ from vrepl.replica.messages import (
     NO_NODE,
     ArbitratorGrant,
     ArbitratorRequest,
+    Commit,
     Forward,
     ForwardAck,
     ForwardBatch,
@@ -67,6 +68,7 @@ class MsgType(enum.IntEnum):
     SYNC_REQUEST = 37
     TRUNCATE_REQUEST = 38
     SYNC_START = 39
+    COMMIT = 40
     ARBITRATOR_REQUEST = 48
     ARBITRATOR_GRANT = 49
 
@@ -145,6 +147,7 @@ WireMessage = (
     | SyncRequest
     | TruncateRequest
     | SyncStart
+    | Commit
     | ArbitratorRequest
     | ArbitratorGrant
     | Hello
@@ -217,6 +220,8 @@ def encode(msg: WireMessage, block: bytes | None = None) -> bytes:
         return _frame(MsgType.TRUNCATE_REQUEST, msg.keep_version, msg.epoch, _U64.pack(msg.keep_epoch))
     if t is SyncStart:
         return _frame(MsgType.SYNC_START, msg.first_version, msg.epoch, _U64.pack(msg.last_version))
+    if t is Commit:
+        return _frame(MsgType.COMMIT, msg.version, msg.epoch)
     if t is ArbitratorRequest:
         return _frame(MsgType.ARBITRATOR_REQUEST, 0, msg.epoch, _ARB_REQ.pack(msg.vgroup_id, msg.node, msg.lease_ms))
     if t is ArbitratorGrant:
@@ -295,6 +300,9 @@ def decode(rec: _rec.Record, max_record_bytes: int = _rec.DEFAULT_MAX_PAYLOAD_BY
     if t == MsgType.SYNC_START:
         _expect_len(p, 8, "SYNC_START")
         return SyncStart(rec.epoch, rec.version, _U64.unpack(p)[0])
+    if t == MsgType.COMMIT:
+        _expect_len(p, 0, "COMMIT")
+        return Commit(rec.epoch, rec.version)
     if t == MsgType.ARBITRATOR_REQUEST:
         _expect_len(p, _ARB_REQ.size, "ARBITRATOR_REQUEST")
         vgroup, node, lease_ms = _ARB_REQ.unpack(p)

@@ -148,6 +148,49 @@ class Memtable:
                 out.append((table, int(ts[k]), int(ver[k]), int(ep[k]), values))
         return out
 
+    def split_above(self, version: int, now: float) -> "Memtable":
+        """Move the rows written by versions above `version` into a new memtable (returned);
+        this one keeps the rest. Per table a prefix cut in C (TableLog.split_at): versions
+        never go down in a log's append order. The moved rows count their age from `now`
+        (the flush that kept them back, docs/vnode.md §5); bytes are split in proportion to
+        rows (an estimate, like the figure itself)."""
+        kept = Memtable()
+        if not self.rows or self.max_version <= version:
+            return kept
+        total_rows = self.rows
+        max_version = max_epoch = 0
+        min_kept = 0
+        for table, log in list(self.tables.items()):
+            ver = log.arrays()[1]
+            pos = int(np.searchsorted(ver, version, "right"))
+            if pos == log.n:
+                max_version = max(max_version, int(ver[-1]))
+                max_epoch = max(max_epoch, int(log.arrays()[2][-1]))
+                continue
+            first_kept = int(ver[pos])
+            min_kept = first_kept if not min_kept else min(min_kept, first_kept)
+            if pos:
+                max_version = max(max_version, int(ver[pos - 1]))
+                max_epoch = max(max_epoch, int(log.arrays()[2][pos - 1]))
+            suffix = log.split_at(pos)
+            kept.tables[table] = suffix
+            kept.rows += suffix.n
+            kept.max_epoch = max(kept.max_epoch, int(suffix.arrays()[2][-1]))
+            if log.n == 0:
+                del self.tables[table]
+        kept.min_version = min_kept
+        kept.max_version = self.max_version
+        kept.first_write_at = now if kept.rows else None
+        kept.bytes = self.bytes * kept.rows // total_rows
+        self.rows -= kept.rows
+        self.bytes -= kept.bytes
+        self.max_version = max_version
+        self.max_epoch = max_epoch
+        if not self.rows:
+            self.min_version = 0
+            self.first_write_at = None
+        return kept
+
     def seal(self) -> None:
         """Pad every column to its log's length. A flush reads a sealed memtable outside
         the vnode lock while queries read it under the lock: reading pads a short column

@@ -47,6 +47,12 @@ PAYLOAD_HEADER = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT])
 # replica, and a node replaying its WAL, can dedup a retried request (docs/client-api.md).
 PAYLOAD_FORMAT_RID = 2
 PAYLOAD_HEADER_RID = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_RID])
+# Format 3 is a no-op: exactly "VRB" 0x03, no rows (docs/vnode.md §2). A node that becomes
+# master forwards one at once: the group commits the records a master inherited from older
+# epochs only together with a record of the master's own epoch (Raft's rule), so without it
+# they would stay uncommitted, and unarchivable, until the next client write.
+PAYLOAD_FORMAT_NOOP = 3
+NOOP_PAYLOAD = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_NOOP])
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 REQUEST_ID_RULE = "[A-Za-z0-9_.:-]{1,64}"
 
@@ -286,6 +292,11 @@ def payload_request_id(payload: bytes | memoryview) -> str | None:
     return None
 
 
+def is_noop(payload: bytes | memoryview) -> bool:
+    """Whether a payload is the no-op record (format 3: the 4-byte header alone)."""
+    return len(payload) == len(NOOP_PAYLOAD) and bytes(payload) == NOOP_PAYLOAD
+
+
 def payload_invalid_header(payload: bytes | memoryview) -> str | None:
     if len(payload) < len(PAYLOAD_HEADER):
         return f"{len(payload)} bytes, shorter than the {len(PAYLOAD_HEADER)}-byte header"
@@ -298,9 +309,14 @@ def payload_invalid_header(payload: bytes | memoryview) -> str | None:
         if REQUEST_ID_RE.fullmatch(rid) is None:
             return f"request id {rid!r} does not match {REQUEST_ID_RULE}"
         return None
+    if payload[3] == PAYLOAD_FORMAT_NOOP:
+        if len(payload) != len(NOOP_PAYLOAD):
+            return (f"a no-op payload (format {PAYLOAD_FORMAT_NOOP}) with"
+                    f" {len(payload) - len(NOOP_PAYLOAD)} bytes after its header (it has none)")
+        return None
     if payload[3] != PAYLOAD_FORMAT:
-        return (f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT}"
-                f" and {PAYLOAD_FORMAT_RID})")
+        return (f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT},"
+                f" {PAYLOAD_FORMAT_RID} and {PAYLOAD_FORMAT_NOOP})")
     return None
 
 
@@ -308,7 +324,7 @@ def decode_staged(payload: bytes | memoryview, max_payload_bytes: int | None = N
                   schemas: Schemas | None = None) -> Staged | None:
     """decode_checked's fast path: the Staged rows of a well-formed payload that agrees with
     `schemas`, or None (then decode_checked decides, and explains)."""
-    if payload_invalid_header(payload) is not None:
+    if payload_invalid_header(payload) is not None or is_noop(payload):
         return None
     if max_payload_bytes is not None and len(payload) > max_payload_bytes:
         return None
@@ -339,6 +355,8 @@ def decode_checked(payload: bytes | memoryview, version: int | None = None,
         reason = f"{len(payload)} bytes, above max_payload_bytes {max_payload_bytes}"
     if reason is not None:
         raise PayloadError(reason, version)
+    if payload[3] == PAYLOAD_FORMAT_NOOP:
+        return [], {}, None
     try:
         start = body_offset(payload)
         rows = loads_json(memoryview(payload)[start:])

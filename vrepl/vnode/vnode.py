@@ -255,8 +255,10 @@ class Vnode:
             self._check_open()
             if version <= self.applied_version:
                 return False
-            if msg_type != MSG_TYPE_DATA:
+            if msg_type != MSG_TYPE_DATA or R.is_noop(payload):
+                # No rows: only the version advances (a no-op, docs/vnode.md §2).
                 self.applied_version = version
+                self.applied_epoch = max(self.applied_epoch, epoch)
                 return True
             staged = R.decode_staged(payload, self.config.max_payload_bytes, self._schemas)
             if staged is not None:
@@ -371,12 +373,20 @@ class Vnode:
         return WalInfo(more, wf.index, f"{WAL_DIR}/{os.path.basename(wf.path)}")
 
     # -- flush ----------------------------------------------------------------------------
-    def flush_due(self, now: float | None = None) -> str | None:
-        """Why the memtable should be flushed now, or None."""
+    def flush_due(self, now: float | None = None, up_to_version: int | None = None
+                  ) -> str | None:
+        """Why the memtable should be flushed now, or None.
+
+        `up_to_version` is the limit a flush would archive up to (docs/vnode.md §5: the
+        group's commit index; None = everything applied): a memtable with no row at or
+        below it has nothing to archive, so no flush is due, whatever its size or age.
+        """
         cfg = self.config
         with self._lock:
             mem = self._mem
             if not mem.rows:
+                return None
+            if up_to_version is not None and mem.min_version > up_to_version:
                 return None
             if mem.bytes >= cfg.memtable_max_bytes:
                 return f"memtable holds {mem.bytes} bytes >= memtable_max_bytes"
@@ -387,35 +397,48 @@ class Vnode:
                 return f"oldest unflushed row is {age_ms:.0f} ms old >= memtable_max_age_ms"
             return None
 
-    def maybe_flush(self, wal: Any = None) -> list[ArchivedFile]:
-        """flush(wal) if flush_due(); the files written (none if no flush was due)."""
+    def maybe_flush(self, wal: Any = None, up_to_version: int | None = None
+                    ) -> list[ArchivedFile]:
+        """flush(wal, up_to_version) if flush_due(); the files written (none if not due)."""
         with self._lock:
-            return self.flush(wal) if self.flush_due() is not None else []
+            if self.flush_due(up_to_version=up_to_version) is None:
+                return []
+            return self.flush(wal, up_to_version)
 
-    def flush(self, wal: Any = None) -> list[ArchivedFile]:
-        """Archive the memtable; returns the files written.
+    def flush(self, wal: Any = None, up_to_version: int | None = None) -> list[ArchivedFile]:
+        """Archive the memtable's rows written by versions <= up_to_version; returns the
+        files written.
 
-        Under the lock, the memtable becomes the immutable `imem` (still queried) and a new
-        one takes the writes; the files are written outside the lock, so writes and queries
-        go on meanwhile. For every (table, bucket) imem touches: merge the current file (if
-        any) with imem's rows, newest version per ts winning, and write a new file; then,
-        under the lock again, commit a manifest naming the new files with archived_version =
-        the last version imem holds, delete the replaced files and drop imem. Only then may
-        the WAL below archived_version + 1 go: `wal.recycle(archived_version + 1)` if a
-        WalWriter is given, else the owner reads `archived_version`.
+        `up_to_version` is the highest version the group has committed (docs/vnode.md §5):
+        a version above it may still be cut from the log (a deposed master's suffix), and
+        archived files cannot be cut. None archives everything applied, for a tool that
+        owns the whole log (`vrepl replay`). Rows above the limit stay in the memtable (and
+        the WAL); the manifest's archived_version is the limit actually archived.
+
+        Under the lock, the memtable's rows up to the limit become the immutable `imem`
+        (still queried) and a new memtable takes the rest and the writes; the files are
+        written outside the lock, so writes and queries go on meanwhile. For every (table,
+        bucket) imem touches: merge the current file (if any) with imem's rows, newest
+        version per ts winning, and write a new file; then, under the lock again, commit a
+        manifest naming the new files with archived_version = the limit, delete the
+        replaced files and drop imem. Only then may the WAL below archived_version + 1 go:
+        `wal.recycle(archived_version + 1)` if a WalWriter is given, else the owner reads
+        `archived_version`.
         """
         with self._flush_lock:
             with self._lock:
                 self._check_open()
                 mem = self._mem
-                if not mem.rows:
+                version = self.applied_version if up_to_version is None \
+                    else min(up_to_version, self.applied_version)
+                if not mem.rows or mem.min_version > version:
                     return []
+                kept = mem.split_above(version, self._clock())
                 mem.seal()        # read outside the lock from here on: nothing left to pad
                 self._imem = mem
-                self._mem = Memtable()
+                self._mem = kept
                 old = self._store.manifest
-                version = self.applied_version
-                epoch = max(old.archived_epoch, self.applied_epoch)
+                epoch = max(old.archived_epoch, mem.max_epoch)
                 schemas = copy.deepcopy(self._schemas)
             try:
                 written, superseded, files = self._write_files(mem, old, version, schemas)
@@ -480,6 +503,32 @@ class Vnode:
         return merged
 
     # -- query ----------------------------------------------------------------------------
+    def has_table(self, table: str) -> bool:
+        """Whether this vnode holds at least one row of `table` (archived or in memory)."""
+        with self._lock:
+            return (table in self._mem.tables
+                    or (self._imem is not None and table in self._imem.tables)
+                    or any(f.table == table for f in self._store.manifest.files))
+
+    def tables(self) -> list[dict[str, Any]]:
+        """The tables this vnode holds rows of, by name: {"name", "columns" ({column:
+        type}, the columns with a type, in the order first seen), "archived_rows" (rows in
+        archived files: exact), "memtable_rows" (rows applied since the last flush: an
+        overwrite of a ts counts again)}. From the manifest and the memtable: no file is
+        read."""
+        with self._lock:
+            archived: dict[str, int] = {}
+            for f in self._store.manifest.files:
+                archived[f.table] = archived.get(f.table, 0) + f.rows
+            mem: dict[str, int] = {}
+            for m in (self._mem, self._imem):
+                if m is not None:
+                    for table, tlog in m.tables.items():
+                        mem[table] = mem.get(table, 0) + tlog.n
+            return [{"name": t, "columns": dict(self._schemas.get(t, {})),
+                     "archived_rows": archived.get(t, 0), "memtable_rows": mem.get(t, 0)}
+                    for t in sorted(archived.keys() | mem.keys())]
+
     def query(self, table: str, start: int, end: int) -> list[dict[str, Any]]:
         """Rows of `table` with start <= ts < end, in ts order, newest version per ts.
 
@@ -608,13 +657,15 @@ class Vnode:
                     "files": len(m.files), "tables": len(self._schemas),
                     "flow_control": self.flow_control}
 
-    def close(self, wal: Any = None) -> None:
-        """Flush (durably) and refuse further calls; idempotent."""
+    def close(self, wal: Any = None, up_to_version: int | None = None) -> None:
+        """Flush (durably) the rows up to `up_to_version` (None: all; see flush) and refuse
+        further calls; idempotent. Rows above the limit are not lost: the WAL holds them
+        and the next start replays them."""
         with self._flush_lock:
             with self._lock:
                 if self._closed:
                     return
-            self.flush(wal)
+            self.flush(wal, up_to_version)
             with self._lock:
                 self._closed = True
 

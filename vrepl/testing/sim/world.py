@@ -37,6 +37,7 @@ from vrepl.replica import (
     ArbitratorGranted,
     ArbitratorLost,
     ArbitratorRefused,
+    CommitAdvanced,
     Config,
     ConfirmForward,
     ConfirmStatus,
@@ -570,7 +571,7 @@ class World:
                 if sn.arb_sock is not None and conn is not None and conn.gen == sn.arb_sock:
                     self._enqueue(self._chan("n2a", sn.node, ARB, conn.gen), (sn.node, a.epoch),
                                   self._latency(sn.node, ARB))
-            elif t is FlowControl:
+            elif t is FlowControl or t is CommitAdvanced:
                 pass
             else:
                 raise SimError(f"unknown action {a!r}")
