@@ -8,8 +8,8 @@ memtable alike), and, when the nodes were stopped, every replica's WAL records.
 
 Checks on the rows (docs/reliability.md §What is checked):
   lost         an ok write whose row is missing on a replica (must be empty for quorum >= majority)
-  moved        an ok write whose row carries another _version (or, unless the answer was a
-               duplicate, another _epoch) than the one confirmed
+  moved        an ok write whose row carries another _version or _epoch than the answer
+               gave (a duplicate answer too gives the record's own epoch)
   altered      a row whose table, ts or values differ from what its write sent
   phantom      a row no client wrote, or whose write was told "nothing was written"
   duplicated   one write's key in two rows of one replica
@@ -155,7 +155,7 @@ def _check_replica_rows(v: Verdict, node: int, tables: Rows, by_key: dict[str, d
         row = where.get(key)
         if row is None:
             v.lost.append(f"n{node} {_describe_op(op)}")
-        elif row["_version"] != op["version"] or (not op.get("duplicate") and row["_epoch"] != op["epoch"]):
+        elif row["_version"] != op["version"] or row["_epoch"] != op["epoch"]:
             v.moved.append(f"n{node} {key} confirmed v{op['version']} e{op['epoch']}, row holds"
                            f" v{row['_version']} e{row['_epoch']}")
     return set(where)

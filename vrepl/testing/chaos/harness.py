@@ -650,7 +650,12 @@ class ChaosCluster:
             marks=[(round(t - self.marks[0][0], 3), what) for t, what in self.marks])
 
     def stop_nodes(self) -> None:
-        for i, p in self.nodes.items():
+        """SIGTERM every node, the master last: while the master runs, the others never lose
+        it and never elect a new one (whose first record, a no-op, would make the WALs end
+        apart)."""
+        order = sorted(self.nodes, key=lambda i: (self.role(i) == "master", i))
+        for i in order:
+            p = self.nodes[i]
             code = p.stop(20)
             if code not in (0, None):
                 self.mark(f"n{i} stopped with exit code {code}")

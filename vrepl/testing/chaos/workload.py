@@ -17,7 +17,8 @@ Commands (stdin, one per line; each runs in its own thread, answers carry the ID
     status ID NODE            GET /v1/status of NODE, this vgroup's part -> status
     write ID NODE KEY         one write of the harness's own to NODE: one attempt, raw HTTP
                               (http.client), no following, no retry  -> write
-    read ID PATH              every table of every node, written to PATH as JSON -> read
+    read ID PATH              every table of every node (the workload's and any other its
+                              GET .../tables lists), written to PATH as JSON -> read
     quit (or EOF)             exit
 
 Writers: `clients` threads. Even ones use `vrepl.client.Client` (it follows the master and
@@ -254,7 +255,9 @@ class Workload:
             c = Client([ep], request_timeout_s=30.0)
             try:
                 tables = {}
-                for table in self.tables:
+                # The workload's tables and whatever else this replica says it holds.
+                held = [t["name"] for t in c.tables(self.vgroup, node=ep)["tables"]]
+                for table in sorted(set(self.tables) | set(held)):
                     rows: list[dict] = []
                     start = None
                     while True:
