@@ -300,14 +300,20 @@ class ChaosCluster:
     # -- processes -----------------------------------------------------------------------------
 
     def start(self) -> "ChaosCluster":
-        if self.arb is not None:
-            self.start_arbitrator()
-        for p in self.nodes.values():
-            p.start()
-        for i in self.nodes:
-            self._wait_ready(i)
-        self.workload.start()
-        self.wait_for("workload ready", lambda: self._wev("ready"), 15)
+        """Start everything; on failure close everything (`with cluster.start() as c` only
+        enters the block once start() returned)."""
+        try:
+            if self.arb is not None:
+                self.start_arbitrator()
+            for p in self.nodes.values():
+                p.start()
+            for i in self.nodes:
+                self._wait_ready(i)
+            self.workload.start()
+            self.wait_for("workload ready", lambda: self._wev("ready"), 15)
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def start_node(self, i: int) -> None:
