@@ -306,7 +306,7 @@ class Workload:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vrepl.testing.node_runner import _die_with_parent
+    from vrepl.node.local import _die_with_parent
 
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
