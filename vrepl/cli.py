@@ -180,11 +180,42 @@ def cmd_node(args: argparse.Namespace) -> int:
                        EXIT_CORRUPT) from None
 
 
+def add_node_access_options(sp: argparse.ArgumentParser) -> None:
+    """--token-file, --tls, --cacert, --insecure: how a command reaches nodes whose HTTP API
+    requires a bearer token or serves HTTPS (docs/security.md §The HTTP API)."""
+    g = sp.add_argument_group("token and TLS (docs/security.md)")
+    g.add_argument("--token-file", metavar="PATH", help="file holding the bearer token the"
+                   " nodes require (their http.token_file); sent as Authorization: Bearer")
+    g.add_argument("--tls", action="store_true", help="talk HTTPS (nodes with http.tls_cert);"
+                   " implied by --cacert and --insecure")
+    g.add_argument("--cacert", metavar="PATH", help="CA certificate(s), PEM, to check the"
+                   " nodes' certificates against (default: the system's CAs)")
+    g.add_argument("--insecure", action="store_true", help="HTTPS without checking the"
+                   " certificate (tests only: anyone on the path can read and change the"
+                   " traffic)")
+
+
+def node_access(args: argparse.Namespace) -> dict:
+    """Client keyword arguments from add_node_access_options' flags; a token file that cannot
+    be read or a CA file that cannot be loaded is a ConfigError (exit 2)."""
+    from vrepl.client import client_ssl_context, read_token_file
+
+    opts: dict = {}
+    if args.token_file:
+        try:
+            opts["token"] = read_token_file(args.token_file)
+        except ConfigError as exc:
+            raise ConfigError(f"--token-file {exc}") from None
+    if args.tls or args.cacert or args.insecure:
+        opts["tls"] = client_ssl_context(args.cacert, verify=not args.insecure)
+    return opts
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from vrepl.client import Client
     from vrepl.node.demo import print_cluster_status
 
-    client = Client([args.node], request_timeout_s=args.timeout)
+    client = Client([args.node], request_timeout_s=args.timeout, **node_access(args))
     try:
         try:
             client.status(args.node)
@@ -209,7 +240,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from vrepl.node.loadgen import run_bench_cli
 
-    return run_bench_cli(args)
+    access = node_access(args)
+    if access and not args.nodes:
+        raise CliError("--token-file, --tls, --cacert and --insecure go with --nodes (the local"
+                       " cluster bench starts has no token and no TLS)")
+    return run_bench_cli(args, access)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--node", required=True, metavar="HOST:PORT", help="any node's HTTP address")
     st.add_argument("--json", action="store_true", help="every node's status document")
     st.add_argument("--timeout", type=float, default=3.0, help="seconds per request (3)")
+    add_node_access_options(st)
     st.set_defaults(func=cmd_status)
 
     dm = sub.add_parser("demo", help="3 replicas on loopback: write, kill the master, recover,"
@@ -294,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--duration", type=float, default=10.0, help="seconds (10)")
     b.add_argument("--warmup", type=float, default=1.0, help="seconds not measured (1)")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_node_access_options(b)
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -7,8 +7,11 @@ one), a retry sends the same id, and the vgroup's replicas remember the ids in t
 (docs/client-api.md §Retries), so a retried write that had in fact been applied is answered
 with its original version instead of being written twice. When the client cannot learn the
 outcome before its deadline it raises OutcomeUnknownError carrying the request id; the
-caller may retry later with that id.
-Must not: retry a write that the server refused as bad input, or change a request id.
+caller may retry later with that id. Also the client side of the API's protection
+(docs/security.md §The HTTP API): the bearer token sent with every request, HTTPS with the
+certificate checked against a CA file (or the system's CAs), and reading a token file.
+Must not: retry a write that the server refused as bad input (or a wrong token), or change a
+request id.
 """
 from __future__ import annotations
 
@@ -16,12 +19,16 @@ import http.client
 import json
 import random
 import socket
+import ssl
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from vrepl.errors import VreplError
+from vrepl.errors import ConfigError, VreplError
+
+# A bearer token: visible ASCII without spaces, so it travels in a header as it is.
+TOKEN_MAX_BYTES = 4096
 
 
 class ClientError(VreplError):
@@ -34,6 +41,11 @@ class BadRequestError(ClientError, ValueError):
     def __init__(self, status: int, code: str, reason: str):
         self.status, self.code, self.reason = status, code, reason
         super().__init__(f"{status} {code}: {reason}")
+
+
+class UnauthorizedError(BadRequestError):
+    """401: the node requires a bearer token and this client sent none or a wrong one. Never
+    retried; nothing was written."""
 
 
 class NotWrittenError(ClientError, ConnectionError):
@@ -59,6 +71,51 @@ class WriteResult:
     attempts: int
 
 
+def token_invalid(token: str) -> str | None:
+    """Why `token` cannot be a bearer token, or None."""
+    if not token:
+        return "the token is empty"
+    if len(token) > TOKEN_MAX_BYTES:
+        return f"the token is longer than {TOKEN_MAX_BYTES} characters"
+    if any(not 0x21 <= ord(ch) <= 0x7E for ch in token):
+        return "the token holds a space, a control or a non-ASCII character"
+    return None
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in file `path`: its text without surrounding whitespace (the node's
+    `http.token_file` and the CLI's `--token-file` read it the same way). ConfigError with one
+    line ("<path>: <reason>") if it cannot be read or is not a token."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(TOKEN_MAX_BYTES + 64)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    try:
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        token = "\x80"                       # refused below as non-ASCII
+    reason = token_invalid(token)
+    if reason:
+        raise ConfigError(f"{path}: {reason}")
+    return token
+
+
+def client_ssl_context(cafile: str | None = None, verify: bool = True) -> ssl.SSLContext:
+    """A TLS context for HTTPS to the nodes: the certificate is checked against `cafile` (PEM;
+    default: the system's CAs) and must name the address dialled; `verify=False` checks
+    nothing (tests only). ConfigError if `cafile` cannot be loaded."""
+    try:
+        ctx = ssl.create_default_context(cafile=cafile)
+    except OSError as exc:       # FileNotFoundError, ssl.SSLError (not PEM)
+        reason = exc.strerror or getattr(exc, "reason", None) or str(exc)
+        raise ConfigError(f"CA file {cafile}: {reason}") from None
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 def _endpoint(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
@@ -76,17 +133,26 @@ class _Conn:
 
     MAX_HEAD_BYTES = 65536
 
-    def __init__(self, endpoint: str, timeout_s: float) -> None:
+    def __init__(self, endpoint: str, timeout_s: float, ssl_context: ssl.SSLContext | None = None,
+                 extra_headers: bytes = b"") -> None:
         self.endpoint = endpoint
         self.host, self.port = _endpoint(endpoint)
         self.timeout_s = timeout_s
+        self.ssl_context = ssl_context
         self.sock: socket.socket | None = None
         self.buf = bytearray()
-        self._host_header = endpoint.encode()
+        # After "Host: ": the endpoint and any further header lines (Authorization).
+        self._head_lines = endpoint.encode() + extra_headers
 
     def connect(self) -> None:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl_context is not None:
+            try:
+                sock = self.ssl_context.wrap_socket(sock, server_hostname=self.host)
+            except BaseException:
+                sock.close()
+                raise
         self.sock = sock
         self.buf = bytearray()
 
@@ -96,11 +162,11 @@ class _Conn:
         try:
             if body is None:
                 msg = b"%s %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (
-                    method.encode(), path.encode(), self._host_header)
+                    method.encode(), path.encode(), self._head_lines)
             else:
                 msg = (b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (method.encode(), path.encode(),
-                                                          self._host_header, len(body), body))
+                                                          self._head_lines, len(body), body))
             self.sock.sendall(msg)  # type: ignore[union-attr]
             status, close, data = self._response()
             if close:
@@ -162,12 +228,25 @@ class _Conn:
                 self.buf = bytearray()
 
 
+def _refused(endpoint: str, code: int, doc: dict) -> BadRequestError:
+    """The error for a 4xx answer (not 409 not_master): UnauthorizedError for a 401."""
+    if code == 401:
+        return UnauthorizedError(code, doc.get("code", ""), f"{endpoint}: {doc.get('error', '')}")
+    return BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
+
+
 class Client:
     """`Client(["127.0.0.1:6201", ...])`: any subset of the cluster's nodes (HTTP addresses);
     the others are learnt from their status. Not thread-safe: one per thread."""
 
     def __init__(self, nodes: Sequence[str] | str, *, timeout_s: float = 10.0,
-                 request_timeout_s: float = 15.0, retry_pause_s: float = 0.05) -> None:
+                 request_timeout_s: float = 15.0, retry_pause_s: float = 0.05,
+                 token: str | None = None, tls: bool | ssl.SSLContext = False,
+                 cafile: str | None = None, verify: bool = True) -> None:
+        """`token`: sent as `Authorization: Bearer <token>` (the nodes' http.token_file).
+        HTTPS when `tls` is True (or an ssl.SSLContext, used as it is) or `cafile` is given:
+        the nodes' certificates are checked against `cafile` (PEM; default: the system's
+        CAs) and must name the address dialled; `verify=False` checks nothing (tests only)."""
         if isinstance(nodes, str):
             nodes = [n for n in nodes.split(",") if n]
         if not nodes:
@@ -178,19 +257,38 @@ class Client:
         self.timeout_s = timeout_s                  # whole operation, retries included
         self.request_timeout_s = request_timeout_s  # one HTTP exchange
         self.retry_pause_s = retry_pause_s
+        if token is not None and token_invalid(token):
+            raise ValueError(f"bad token: {token_invalid(token)}")
+        self.token = token
+        self.ssl_context: ssl.SSLContext | None
+        if isinstance(tls, ssl.SSLContext):
+            self.ssl_context = tls
+        elif tls or cafile is not None:
+            self.ssl_context = client_ssl_context(cafile, verify)
+        elif not verify:
+            raise ValueError("verify=False needs tls=True")
+        else:
+            self.ssl_context = None
+        self._extra_headers = (b"\r\nAuthorization: Bearer " + token.encode()) if token else b""
         self._conns: dict[str, _Conn] = {}
         self._master: dict[int, str] = {}           # vgroup -> master's http endpoint
+        self.last_error: str | None = None          # why find_master last failed to reach a node
 
     # -- plumbing -----------------------------------------------------------------------------
     def _conn(self, endpoint: str) -> _Conn:
         c = self._conns.get(endpoint)
         if c is None:
-            c = self._conns[endpoint] = _Conn(endpoint, self.request_timeout_s)
+            c = self._conns[endpoint] = _Conn(endpoint, self.request_timeout_s, self.ssl_context,
+                                              self._extra_headers)
         return c
 
     def request(self, endpoint: str, method: str, path: str,
                 body: bytes | None = None) -> tuple[int, dict]:
-        return self._conn(endpoint).request(method, path, body)
+        """One exchange with one node: (status, JSON answer). UnauthorizedError on a 401."""
+        code, doc = self._conn(endpoint).request(method, path, body)
+        if code == 401:
+            raise _refused(endpoint, code, doc)
+        return code, doc
 
     def close(self) -> None:
         for c in self._conns.values():
@@ -239,6 +337,8 @@ class Client:
                     out[ep] = doc
                 else:
                     out[ep] = f"{code} {doc.get('error')}"
+            except UnauthorizedError as exc:
+                out[ep] = f"401 {exc.reason}"
             except (OSError, http.client.HTTPException) as exc:
                 out[ep] = f"unreachable: {exc}"
         return out
@@ -246,10 +346,12 @@ class Client:
     def find_master(self, vgroup: int) -> str | None:
         """The http address of the node that says it is vgroup's master, or None."""
         hint = None
+        self.last_error = None
         for ep in list(self.nodes):
             try:
                 code, doc = self.request(ep, "GET", "/v1/status")
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as exc:
+                self.last_error = f"{ep}: {type(exc).__name__}: {exc}"
                 continue
             if code != 200:
                 continue
@@ -282,6 +384,8 @@ class Client:
         pause = self.retry_pause_s
         while True:
             ep = self._master.get(vgroup) or self.find_master(vgroup)
+            if ep is None and self.last_error:
+                last = f"no master found; {self.last_error}"
             if ep is not None:
                 attempts += 1
                 sent = False
@@ -303,7 +407,7 @@ class Client:
                     outcome = doc.get("outcome")
                     last = f"{ep}: {code} {doc.get('error')}"
                     if 400 <= code < 500 and doc.get("code") != "not_master":
-                        raise BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
+                        raise _refused(ep, code, doc)
                     if outcome == "unknown":
                         unknown = last
                     if doc.get("code") in ("not_master", "not_confirmed", "needs_restore"):
@@ -326,7 +430,7 @@ class Client:
         code, doc = self.request(ep, "GET", f"/v1/vgroups/{vgroup}/{path}")
         if code != 200:
             if 400 <= code < 500:
-                raise BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
+                raise _refused(ep, code, doc)
             raise ClientError(f"{ep}: {code} {doc.get('error')}")
         return doc
 

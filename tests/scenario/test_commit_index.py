@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from simnet import Net
+from test_replica_scenarios import elect, no_logs
 
 from vrepl.replica import (
     AckStatus,
@@ -25,19 +26,22 @@ from vrepl.replica import (
 )
 
 
-def elect(n: int = 3, **cfg) -> Net:
-    net = Net(n, **cfg)
-    net.start()
-    assert net.masters() == [0]
+def commit_then_cut_master(versions: int) -> Net:
+    """n0 writes and commits v1..versions (every follower told so on a tick), then loses
+    both links: n1 and n2 elect a new master."""
+    net = elect(3)
+    for v in range(1, versions + 1):
+        net.forward(0, v)
+    net.run()
+    net.tick(1)
+    assert all(net.nodes[n].replica.commit_version == versions for n in (1, 2))
+    net.cut(0, 1)
+    net.cut(0, 2)
     return net
 
 
 def commit_lines(trace: list[str]) -> list[str]:
     return [t for t in trace if "commit" in t]
-
-
-def no_logs(actions) -> list[str]:
-    return [a.describe() for a in actions if not isinstance(a, Log)]
 
 
 def test_master_commit_version_is_its_highest_confirmed_version():
@@ -165,14 +169,7 @@ def test_follower_commit_ignores_a_commit_of_another_epoch():
 def test_commit_never_goes_back_across_a_new_master():
     """A follower's commit version stays when it follows a new master (whose log holds every
     committed record, §2.3); the new master's own commit starts from its follower days."""
-    net = elect(3)
-    for v in (1, 2):
-        net.forward(0, v)
-    net.run()
-    net.tick(1)
-    assert net.nodes[1].replica.commit_version == 2
-    net.cut(0, 1)
-    net.cut(0, 2)
+    net = commit_then_cut_master(2)
     net.run()
     assert net.masters() == [1]
     assert net.nodes[1].replica.commit_version == 2
@@ -199,14 +196,7 @@ def test_new_master_commits_inherited_records_only_with_its_first_own_record():
 def test_no_truncation_below_the_commit_version():
     """A TruncateRequest that would cut committed records (a master bug) breaks an
     invariant instead of losing them (design §4.4)."""
-    net = elect(3)
-    for v in (1, 2, 3):
-        net.forward(0, v)
-    net.run()
-    net.tick(1)
-    assert net.nodes[2].replica.commit_version == 3
-    net.cut(0, 1)
-    net.cut(0, 2)
+    net = commit_then_cut_master(3)
     r = net.nodes[2].replica
     # Step the election one message at a time until n2 follows n1 and has asked to match
     # (SyncRequest sent, its log not yet matched in the new epoch).

@@ -1,5 +1,7 @@
 """The fixed CI seeds of the simulator (docs/simulation.md §CI): 200 seeds with 3 replicas,
-100 with 5, 100 with 2 replicas + arbitrator, 50 with quorum 1 (losses counted, not failed).
+100 with 5, 100 with 2 replicas + arbitrator, 50 with quorum 1 (losses counted, not failed),
+and the "flush during isolation" family (issue 13): 60 with 3 replicas, 40 with 2 + arbitrator.
+Every run models the app's archive with the `committed` flush limit (docs/simulation.md §App).
 
 A failing seed prints its repro command. Failures whose signature matches a core bug already
 reported (KNOWN_BUGS, each with an xfail(strict) scripted test in test_known_bugs.py) are
@@ -20,8 +22,8 @@ KNOWN_BUGS: list[tuple[re.Pattern, str]] = [
 ]
 
 
-def check(seed: int, **opts) -> None:
-    r = run_seed(seed, make_options(**opts))
+def check(seed: int, profile: str = "default", **opts) -> None:
+    r = run_seed(seed, make_options(profile, **opts), profile)
     if r.ok:
         return
     for pattern, why in KNOWN_BUGS:
@@ -50,3 +52,15 @@ def test_quorum_one_is_live_and_one_master_per_epoch(seed):
     # Asynchronous replication: confirmed writes may be lost (counted in stats.lost), but
     # there is still one master per epoch, the logs still match and the group converges.
     check(3000 + seed, replicas=3, quorum=1)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_flush_during_isolation(seed):
+    # Masters cut off from their majority for long periods while the apps flush often: the
+    # commit version keeps every archive within what the group confirmed.
+    check(4000 + seed, "isolation", replicas=3)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_flush_during_isolation_two_replicas_with_arbitrator(seed):
+    check(5000 + seed, "isolation", replicas=2)

@@ -88,6 +88,19 @@ def test_repro_command_round_trips_options():
     assert r.command == "python -m vrepl.testing.sim --seed 3 --profile harsh --replicas 5 --quorum 1 --safety-ticks 50"
 
 
+def test_repro_command_names_the_family_and_the_flush_limit():
+    opts = make_options("isolation", flush_limit="applied")
+    r = run_seed(0, opts, "isolation")
+    assert r.command == "python -m vrepl.testing.sim --seed 0 --profile isolation --flush-limit applied"
+
+
+def test_cli_refuses_an_unknown_flush_limit(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--seed", "1", "--flush-limit", "whenever"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'whenever'" in capsys.readouterr().err
+
+
 def test_cli_single_seed_and_campaign(capsys):
     assert main(["--seed", "5", "--safety-ticks", "100"]) == 0
     assert "seed 5: ok" in capsys.readouterr().out

@@ -67,10 +67,10 @@ def make_group(tmp_path, n=3, **opts):
     return cfgs
 
 
-def start(cfgs, indexes=None):
+def start(cfgs, indexes=None, app_cls=None):
     apps, insts = {}, {}
     for i in indexes if indexes is not None else range(len(cfgs)):
-        app = App()
+        app = (app_cls or App)()
         inst = SyncInstance(cfgs[i], app.callbacks())
         app.inst = inst
         inst.start()

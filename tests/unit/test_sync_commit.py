@@ -4,46 +4,36 @@ three real instances on 127.0.0.1."""
 
 from __future__ import annotations
 
-import threading
+import dataclasses
 import time
 
 import pytest
 
 from vrepl.replica import ConfirmStatus
-from vrepl.sync import SyncCallbacks, SyncInstance
+from vrepl.sync import SyncCallbacks
 
 # The group helpers of the embedding API's main tests (same directory, imported by name).
-from test_sync import make_group, stop_all, wait_master  # noqa: E402
+from test_sync import App as SyncApp  # noqa: E402
+from test_sync import make_group, start, stop_all, wait_master  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class App:
-    """Applies forwarded records, acks at once, and records every commit notification with
-    what it had applied at that moment."""
+class App(SyncApp):
+    """test_sync's app (applies forwarded records, acks at once) that also records every
+    commit notification with what it had applied at that moment."""
 
     def __init__(self) -> None:
-        self.inst: SyncInstance | None = None
-        self.applied: dict[int, bytes] = {}
-        self.confirmed: dict[int, ConfirmStatus] = {}
+        super().__init__()
         self.commits: list[tuple[int, int]] = []  # (committed version, highest applied then)
-        self.cond = threading.Condition()
 
     def callbacks(self) -> SyncCallbacks:
-        return SyncCallbacks(write_to_cache=self.write_to_cache, confirm_forward=self.confirm_forward,
-                             notify_commit=self.notify_commit)
-
-    def write_to_cache(self, version: int, payload: bytes) -> None:
-        self.applied[version] = payload
-        assert self.inst is not None
-        self.inst.ack_forward(version)
+        return dataclasses.replace(super().callbacks(), notify_commit=self.notify_commit)
 
     def confirm_forward(self, version: int, status: ConfirmStatus) -> None:
-        with self.cond:
-            self.confirmed[version] = status
-            if status == ConfirmStatus.OK:
-                self.applied.setdefault(version, b"")  # a master applies at confirmation
-            self.cond.notify_all()
+        if status == ConfirmStatus.OK:
+            self.applied.setdefault(version, b"")  # a master applies at confirmation
+        super().confirm_forward(version, status)
 
     def notify_commit(self, version: int) -> None:
         with self.cond:
@@ -56,20 +46,9 @@ class App:
             assert ok, f"no commit of v{version}: {self.commits[-3:]}"
 
 
-def start(cfgs, indexes):
-    apps, insts = {}, {}
-    for i in indexes:
-        app = App()
-        inst = SyncInstance(cfgs[i], app.callbacks())
-        app.inst = inst
-        inst.start()
-        apps[i], insts[i] = app, inst
-    return apps, insts
-
-
 def test_commit_is_notified_on_master_and_slaves_and_never_goes_back(tmp_path):
     cfgs = make_group(tmp_path)
-    apps, insts = start(cfgs, range(3))
+    apps, insts = start(cfgs, range(3), App)
     try:
         m = wait_master(insts)
         assert all(x.committed_version == 0 for x in insts.values())
@@ -95,7 +74,7 @@ def test_commit_is_notified_on_master_and_slaves_and_never_goes_back(tmp_path):
     finally:
         stop_all({i: x for i, x in insts.items()})
     # After a restart the instance starts at 0 (the app keeps its own archived version).
-    apps2, insts2 = start(cfgs, [m])
+    apps2, insts2 = start(cfgs, [m], App)
     try:
         assert insts2[m].committed_version == 0
     finally:
@@ -104,7 +83,7 @@ def test_commit_is_notified_on_master_and_slaves_and_never_goes_back(tmp_path):
 
 def test_a_single_replica_commits_what_it_confirms(tmp_path):
     cfgs = make_group(tmp_path, n=1)
-    apps, insts = start(cfgs, [0])
+    apps, insts = start(cfgs, [0], App)
     try:
         wait_master(insts)
         insts[0].forward(1, b"a")
@@ -112,6 +91,6 @@ def test_a_single_replica_commits_what_it_confirms(tmp_path):
         deadline = time.monotonic() + 5
         while insts[0].committed_version < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert insts[0].committed_version == 1 and apps[0].confirmed[1] == ConfirmStatus.OK
+        assert insts[0].committed_version == 1 and apps[0].confirms[1] == ConfirmStatus.OK
     finally:
         stop_all(insts)

@@ -17,7 +17,7 @@ class FakeVnode:
     def write_to_cache(self, version: int, epoch: int, payload: bytes) -> None:
         self.applied.append((version, epoch, payload))
 
-    def flush_due(self):
+    def flush_due(self, up_to_version=None):
         return None
 
 
@@ -25,6 +25,7 @@ class FakeSync:
     def __init__(self, pairs) -> None:
         self.replica = SimpleNamespace(history=EpochHistory(pairs))
         self.acks: list[tuple] = []
+        self.committed_version = 0
 
     def ack_forward(self, version, *status) -> None:
         self.acks.append((version, *status))
@@ -35,6 +36,7 @@ def host(pairs) -> VgroupHost:
     h.vnode, h.sync = FakeVnode(), FakeSync(pairs)
     h.id, h.node_id, h.epoch, h.role = 3, 2, 9, "slave"
     h.flushing = h.stopping = False
+    h.state = "serving"
     h.counters = {"apply_errors": 0}
     return h
 

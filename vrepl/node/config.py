@@ -1,21 +1,25 @@
 """The node process's configuration: one TOML file (docs/operations.md §Configuration).
 
 Owns: reading node.toml into a NodeConfig (this node's id, data directory, cluster secret,
-logging, the HTTP API's limits, the cluster's node table, the vgroups this node hosts, the
-vnode settings and the sync tunables), with every setting's default, and the one-line reason
-a setting is refused (`ConfigError` naming the file and the key). Must not: open sockets,
-create directories or start anything.
+logging, the HTTP API's limits, deadlines, bearer token and TLS files, the cluster's node
+table, the vgroups this node hosts, the vnode settings and the sync tunables), with every
+setting's default, and the one-line reason a setting is refused (`ConfigError` naming the
+file and the key); secret, token and TLS files are read here so that a bad one stops the node
+before it starts anything. Must not: open sockets, create directories or start anything.
 """
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from vrepl.client import read_token_file
 from vrepl.config import SyncConfig, parse_endpoint, sync_config_invalid
 from vrepl.errors import ConfigError
+from vrepl.node.http import server_ssl_context
 from vrepl.vnode.config import VnodeConfig, config_invalid as vnode_config_invalid
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -53,14 +57,37 @@ class VgroupSpec:
 
 @dataclass(frozen=True)
 class HttpSettings:
-    listen: tuple[str, int] | None = None   # None: this node's `http` address in [[nodes]]
+    listen: tuple[str, int] | None = None   # None: loopback, the port of this node's `http`
     max_body_bytes: int = 8 * 1024 * 1024
     max_header_bytes: int = 16 * 1024
     max_connections: int = 1024
     idle_timeout_ms: int = 60_000
+    header_timeout_ms: int = 10_000         # request line + headers (and a TLS handshake)
+    body_timeout_ms: int = 10_000           # a pause in a body; per 64 KiB of it in all
+    token_file: str | None = None           # absolute; its content is `token`
+    tls_cert: str | None = None             # absolute paths of PEM files
+    tls_key: str | None = None
     write_timeout_ms: int = 10_000
     max_query_rows: int = 100_000
     max_pending_writes: int = 10_000        # per vgroup: writes waiting for confirmation
+    token: bytes | None = field(default=None, repr=False)   # read from token_file
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+
+# [http] keys that name files; `token` is not a key (the token is only ever read from a file).
+_HTTP_PATHS = ("token_file", "tls_cert", "tls_key")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -85,7 +112,13 @@ class NodeConfig:
 
     @property
     def http_listen(self) -> tuple[str, int]:
-        return self.http.listen or self.me.http
+        """Where the HTTP API binds: `http.listen`, else loopback only (docs/security.md §The
+        HTTP API): this node's `http` address when that is a loopback one, else 127.0.0.1
+        with its port. Serving other hosts is the operator's explicit choice."""
+        if self.http.listen is not None:
+            return self.http.listen
+        host, port = self.me.http
+        return (host, port) if _is_loopback(host) else ("127.0.0.1", port)
 
     def vgroup_path(self, vgroup_id: int) -> str:
         return os.path.join(self.data_dir, f"vg{vgroup_id}")
@@ -244,7 +277,7 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     h = doc.get("http", {})
     if not isinstance(h, dict):
         raise ConfigError("[http] must be a table")
-    hfields = {f.name: f for f in dataclasses.fields(HttpSettings)}
+    hfields = {f.name: f for f in dataclasses.fields(HttpSettings) if f.name != "token"}
     _unknown(h, set(hfields), "http.")
     hvals: dict[str, Any] = {}
     for name, f in hfields.items():
@@ -252,8 +285,25 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
             continue
         if name == "listen":
             hvals[name] = _endpoint(h[name], "http.listen")
+        elif name in _HTTP_PATHS:
+            given = _get(h, name, str, None, "http.")
+            if not given:
+                raise ConfigError(f"http.{name} is empty")
+            hvals[name] = given if os.path.isabs(given) else os.path.join(base_dir, given)
         else:
             hvals[name] = _positive(_get(h, name, int, f.default, "http."), f"http.{name}")
+    if "token_file" in hvals:
+        try:
+            hvals["token"] = read_token_file(hvals["token_file"]).encode()
+        except ConfigError as exc:
+            raise ConfigError(f"http.token_file {exc}") from None
+    if ("tls_cert" in hvals) != ("tls_key" in hvals):
+        raise ConfigError("give both http.tls_cert and http.tls_key (or neither)")
+    if "tls_cert" in hvals:
+        try:
+            server_ssl_context(hvals["tls_cert"], hvals["tls_key"])
+        except ConfigError as exc:
+            raise ConfigError(f"http.{exc}") from None
     http = HttpSettings(**hvals)
 
     # [vnode]

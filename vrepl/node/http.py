@@ -2,24 +2,33 @@
 
 Owns: parsing requests (request line, headers, Content-Length bodies) with limits on header
 and body sizes, keep-alive and pipelining (one request at a time per connection, in order),
-the connection limit and idle timeout, and writing JSON responses. Every malformed request
-gets a 4xx with a one-line reason; nothing the client sends raises out of this module.
+the connection limit, the read deadlines (headers, body progress, idle keep-alive, a client
+that does not read its answers), the optional bearer token and TLS (docs/security.md §The
+HTTP API), and writing JSON responses. Every malformed request gets a 4xx (505 for an HTTP
+version it does not speak) with a one-line reason; nothing the client sends raises out of
+this module.
 Must not: know vgroups or rows: it calls `handler(request)`, which returns a Response or an
 awaitable of one.
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+import re
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl, unquote
 
+from vrepl.errors import ConfigError
+
 log = logging.getLogger("vrepl.node.http")
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+           405: "Method Not Allowed",
            408: "Request Timeout", 409: "Conflict", 411: "Length Required",
            413: "Content Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -40,6 +49,7 @@ class Response:
     status: int
     body: dict[str, Any] = field(default_factory=dict)
     close: bool = False
+    headers: tuple[tuple[str, str], ...] = ()   # extra header lines (WWW-Authenticate)
 
 
 def error(status: int, code: str, reason: str, **extra: Any) -> Response:
@@ -53,10 +63,78 @@ Handler = Callable[[Request], "Response | Awaitable[Response]"]
 def encode_response(resp: Response, keep_alive: bool) -> bytes:
     body = json.dumps(resp.body, separators=(",", ":")).encode()
     conn = b"keep-alive" if keep_alive and not resp.close else b"close"
+    extra = (b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in resp.headers)
+             if resp.headers else b"")
     head = (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-            b"Connection: %s\r\n\r\n" % (resp.status, REASONS.get(resp.status, "Error").encode(),
-                                         len(body), conn))
+            b"Connection: %s\r\n%s\r\n" % (resp.status, REASONS.get(resp.status, "Error").encode(),
+                                           len(body), conn, extra))
     return head + body
+
+
+# Every TLS connection opens with a handshake record (content type 22); no request line starts
+# with that byte, so a client speaking TLS to a plain-HTTP port is told apart at once.
+TLS_HANDSHAKE_BYTE = b"\x16"
+# `body_timeout_ms` bounds a body twice: no pause longer than it, and no more than one window
+# of it per started BODY_WINDOW_BYTES in all, so a client dripping a byte at a time cannot
+# hold a connection (docs/client-api.md §Deadlines).
+BODY_WINDOW_BYTES = 64 * 1024
+AUTH_CHALLENGE = 'Bearer realm="vrepl"'
+# A well-formed version this server does not speak gets 505; anything else in its place, 400.
+HTTP_VERSION_RE = re.compile(r"HTTP/[0-9](?:\.[0-9])?")
+
+
+def bearer_token_invalid(headers: dict[str, str], token: bytes) -> str | None:
+    """Why the request's `Authorization: Bearer <token>` does not prove `token` ("missing" or
+    "wrong"), or None. Constant-time in the token (hmac.compare_digest)."""
+    value = headers.get("authorization")
+    if value is None:
+        return "missing"
+    scheme, _, cred = value.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(cred.strip().encode("latin-1"),
+                                                             token):
+        return "wrong"
+    return None
+
+
+def unauthorized(why: str) -> Response:
+    """401 with the challenge (RFC 6750 §3); the connection is closed after it."""
+    if why == "missing":
+        return Response(401, {"error": "this node requires a bearer token: send Authorization:"
+                                       " Bearer <token> (docs/security.md)",
+                              "code": "unauthorized", "outcome": "not_written"},
+                        close=True, headers=(("WWW-Authenticate", AUTH_CHALLENGE),))
+    return Response(401, {"error": "wrong bearer token", "code": "unauthorized",
+                          "outcome": "not_written"}, close=True,
+                    headers=(("WWW-Authenticate", AUTH_CHALLENGE + ', error="invalid_token"'),))
+
+
+def _no_passphrase() -> bytes:
+    raise ConfigError("the key is protected by a passphrase: give an unencrypted key file"
+                      " readable only by the service user")
+
+
+def server_ssl_context(cert_path: str, key_path: str) -> ssl.SSLContext:
+    """The HTTP API's TLS context from PEM files (certificate chain, private key). ConfigError
+    with one line when a file is missing or unreadable, not PEM, protected by a passphrase (a
+    node never prompts), or the key does not match the certificate."""
+    for what, path in (("tls_cert", cert_path), ("tls_key", key_path)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{what} {path}: {exc.strerror}") from None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert_path, key_path, password=_no_passphrase)
+    except ConfigError as exc:
+        raise ConfigError(f"tls_key {key_path}: {exc}") from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(f"tls_key {key_path} does not match the certificate in tls_cert"
+                              f" {cert_path}") from None
+        raise ConfigError(f"tls_cert {cert_path} / tls_key {key_path}: not a PEM certificate"
+                          f" chain and its private key ({exc.reason or exc})") from None
+    return ctx
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -64,12 +142,23 @@ class HttpProtocol(asyncio.Protocol):
         self.server = server
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
+        self.peer = "?"
         self.busy = False          # a request is being handled: later ones wait (pipelining)
         self.closing = False
-        self.last_active = time.monotonic()
+        now = time.monotonic()
+        self.last_active = now     # the last byte received or answer sent
+        # Read deadlines, checked by HttpServer._sweep (docs/client-api.md §Deadlines): when
+        # the request being read began (its first byte; a new connection's: when accepted),
+        # None while idle between requests; when its headers were complete and its body not.
+        self.request_started: float | None = now
+        self.body_started: float | None = None
+        self.body_length = 0
+        self.write_paused_at: float | None = None   # the client stopped reading our answers
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         srv = self.server
         if len(srv.conns) >= srv.max_connections:
             self._reply_close(error(503, "too_many_connections",
@@ -82,12 +171,42 @@ class HttpProtocol(asyncio.Protocol):
         self.closing = True
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
+        now = self.last_active = time.monotonic()
         if self.closing:
             return
+        if not self.buf:
+            if self.request_started is None:
+                self.request_started = now
+            if data[:1] == TLS_HANDSHAKE_BYTE and self.server.ssl_context is None:
+                log.info("http: %s speaks TLS to a plain-HTTP port: closed", self.peer)
+                self._close()
+                return
         self.buf += data
+        if not self.busy and self.write_paused_at is None:
+            self._next()
+
+    def pause_writing(self) -> None:
+        # The client is not reading its answers: read no more requests until it does
+        # (asyncio's write buffer high-water mark), and HttpServer._sweep closes it if it
+        # stays so for idle_timeout_ms.
+        self.write_paused_at = time.monotonic()
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused_at = None
+        if self.closing or self.transport is None:
+            return
+        if self.request_started is not None:
+            self.request_started = time.monotonic()
+        self.transport.resume_reading()
         if not self.busy:
             self._next()
+
+    def _close(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
 
     def _reply_close(self, resp: Response) -> None:
         self.closing = True
@@ -95,10 +214,44 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.write(encode_response(resp, False))
             self.transport.close()
 
+    def expire(self, now: float) -> None:
+        """Close this connection if it missed a deadline (HttpServer._sweep calls it)."""
+        srv = self.server
+        if self.closing or self.transport is None:
+            return
+        if self.write_paused_at is not None:
+            if now - self.write_paused_at > srv.idle_timeout_s:
+                log.info("http: %s read no answer for %d ms: closed", self.peer,
+                         srv.idle_timeout_s * 1000)
+                self.closing = True
+                self.transport.abort()
+            return
+        if self.busy:
+            return              # the handler's own deadline (write_timeout_ms) answers
+        if self.request_started is None:
+            if now - self.last_active > srv.idle_timeout_s:
+                self._close()   # idle keep-alive: closed without an answer
+        elif self.body_started is None:
+            if now - self.request_started > srv.header_timeout_s:
+                log.info("http: %s sent no whole request line and headers within %d ms:"
+                         " 408, closed", self.peer, srv.header_timeout_s * 1000)
+                self._reply_close(error(408, "header_timeout", "request line and headers not"
+                                        f" received within {srv.header_timeout_s * 1000:.0f} ms"
+                                        " (header_timeout_ms)"))
+        else:
+            windows = max(1, -(-self.body_length // BODY_WINDOW_BYTES))
+            if (now - self.last_active > srv.body_timeout_s
+                    or now - self.body_started > srv.body_timeout_s * windows):
+                log.info("http: %s body of %d bytes stalled: 408, closed", self.peer,
+                         self.body_length)
+                self._reply_close(error(408, "body_timeout", "the body did not progress within"
+                                        f" {srv.body_timeout_s * 1000:.0f} ms (body_timeout_ms)",
+                                        outcome="not_written"))
+
     def _next(self) -> None:
         """Parse and handle requests from the buffer until it holds no whole request."""
         srv = self.server
-        while not self.closing and not self.busy:
+        while not self.closing and not self.busy and self.write_paused_at is None:
             buf = self.buf
             end = buf.find(b"\r\n\r\n", 0, srv.max_header_bytes + 4)
             if end < 0:
@@ -114,7 +267,10 @@ class HttpProtocol(asyncio.Protocol):
                     raise ValueError(f"malformed request line {lines[0][:80]!r}")
                 method, target, version = parts
                 if version not in ("HTTP/1.1", "HTTP/1.0"):
-                    self._reply_close(error(505, "bad_version", f"unsupported {version[:20]!r}"))
+                    if HTTP_VERSION_RE.fullmatch(version) is None:
+                        raise ValueError(f"malformed HTTP version {version[:20]!r}")
+                    self._reply_close(error(505, "bad_version", f"unsupported {version!r}:"
+                                            " this node speaks HTTP/1.1 and HTTP/1.0"))
                     return
                 headers: dict[str, str] = {}
                 for line in lines[1:]:
@@ -125,9 +281,15 @@ class HttpProtocol(asyncio.Protocol):
             except ValueError as exc:
                 self._reply_close(error(400, "bad_request", str(exc)))
                 return
+            if srv.token is not None:
+                why = bearer_token_invalid(headers, srv.token)
+                if why is not None:
+                    log.info("http: %s: 401, %s bearer token", self.peer, why)
+                    self._reply_close(unauthorized(why))
+                    return
             if "transfer-encoding" in headers:
-                self._reply_close(error(501, "chunked_unsupported",
-                                        "Transfer-Encoding is not supported: send Content-Length"))
+                self._reply_close(error(411, "length_required", "Transfer-Encoding (a chunked"
+                                        " body) is not supported: send Content-Length"))
                 return
             length_text = headers.get("content-length", "0")
             if not length_text.isdigit() or len(length_text) > 15:
@@ -140,9 +302,14 @@ class HttpProtocol(asyncio.Protocol):
                 return
             total = end + 4 + length
             if len(buf) < total:
+                if self.body_started is None:
+                    self.body_started = time.monotonic()
+                    self.body_length = length
                 return
             body = bytes(buf[end + 4:total])
             del buf[:total]
+            self.request_started = time.monotonic() if buf else None
+            self.body_started = None
             keep = (headers.get("connection", "").lower() != "close" if version == "HTTP/1.1"
                     else headers.get("connection", "").lower() == "keep-alive")
             path, _, qs = target.partition("?")
@@ -177,6 +344,8 @@ class HttpProtocol(asyncio.Protocol):
         else:
             resp = task.result()
         self._send(resp, keep)
+        if self.request_started is not None:    # a pipelined request's clock starts now
+            self.request_started = self.last_active
         if not self.closing:
             self._next()
 
@@ -192,23 +361,33 @@ class HttpProtocol(asyncio.Protocol):
 
 class HttpServer:
     """`await HttpServer(handler, ...).start(host, port)`; `close()` stops accepting and drops
-    idle connections."""
+    idle connections. `token`: every request must carry `Authorization: Bearer <token>`;
+    `ssl_context`: serve HTTPS (server_ssl_context)."""
 
     def __init__(self, handler: Handler, *, max_body_bytes: int, max_header_bytes: int,
-                 max_connections: int, idle_timeout_ms: int) -> None:
+                 max_connections: int, idle_timeout_ms: int, header_timeout_ms: int = 10_000,
+                 body_timeout_ms: int = 10_000, token: bytes | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_ms / 1000.0
+        self.header_timeout_s = header_timeout_ms / 1000.0
+        self.body_timeout_s = body_timeout_ms / 1000.0
+        self.token = token
+        self.ssl_context = ssl_context
         self.conns: set[HttpProtocol] = set()
         self.server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: HttpProtocol(self), host, port,
-                                               reuse_address=True, backlog=1024)
+        # The TLS handshake comes before the request line: it gets the header deadline too.
+        self.server = await loop.create_server(
+            lambda: HttpProtocol(self), host, port, reuse_address=True, backlog=1024,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=self.header_timeout_s if self.ssl_context else None)
         self._sweep()
 
     @property
@@ -217,13 +396,14 @@ class HttpServer:
         return self.server.sockets[0].getsockname()[1]
 
     def _sweep(self) -> None:
+        # One timer for all connections rather than one per request: the request path only
+        # stores times. A deadline is seen at most one sweep interval late.
         now = time.monotonic()
         for c in list(self.conns):
-            if not c.busy and now - c.last_active > self.idle_timeout_s and c.transport:
-                c.closing = True
-                c.transport.close()
+            c.expire(now)
         loop = asyncio.get_running_loop()
-        self._sweeper = loop.call_later(min(1.0, self.idle_timeout_s), self._sweep)
+        interval = min(self.idle_timeout_s, self.header_timeout_s, self.body_timeout_s) / 4
+        self._sweeper = loop.call_later(min(1.0, max(interval, 0.01)), self._sweep)
 
     def close(self) -> None:
         if self._sweeper is not None:

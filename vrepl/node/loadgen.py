@@ -5,6 +5,8 @@ batches of generated rows of about `row_bytes` JSON bytes to a vgroup's master t
 client API, counting only confirmed rows (200 answers), and the latency of every request;
 the result: rows/s, requests/s, latency percentiles, and the count of every other answer.
 Each client writes its own table with increasing timestamps, so no row overwrites another.
+Against nodes with a bearer token or TLS, every connection carries the same token and TLS
+context as vrepl.client's (`access`).
 Must not: retry (a benchmark reports failures instead of hiding them).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from vrepl.client import Client
+from vrepl.client import Client, ClientError
 
 TS0 = 1_600_000_000_000
 
@@ -62,8 +64,11 @@ def _row_template(table: str, row_bytes: int) -> bytes:
 
 async def _client(i: int, host: str, port: int, path: bytes, batch: int, row_bytes: int,
                   t_end: float, t_measure: float, lat: list[float], counts: Counter,
-                  stats: dict) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
+                  stats: dict, access: Client) -> None:
+    tls = access.ssl_context
+    reader, writer = await asyncio.open_connection(host, port, ssl=tls,
+                                                   server_hostname=host if tls else None)
+    auth = b"Authorization: Bearer %s\r\n" % access.token.encode() if access.token else b""
     tmpl = _row_template(f"lg_{i}", row_bytes)
     ts = TS0 + i * 10_000_000_000
     seq = 0
@@ -77,8 +82,8 @@ async def _client(i: int, host: str, port: int, path: bytes, batch: int, row_byt
             ts += batch
             seq += batch
             t0 = time.perf_counter()
-            writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (path, len(body), body))
+            writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (path, auth, len(body), body))
             head = await reader.readuntil(b"\r\n\r\n")
             length = 0
             for line in head.split(b"\r\n"):
@@ -104,7 +109,7 @@ async def _client(i: int, host: str, port: int, path: bytes, batch: int, row_byt
 
 
 async def _run(master: str, vgroup: int, clients: int, batch: int, row_bytes: int,
-               duration_s: float, warmup_s: float) -> BenchResult:
+               duration_s: float, warmup_s: float, access: Client) -> BenchResult:
     host, _, port = master.rpartition(":")
     loop = asyncio.get_running_loop()
     t_measure = loop.time() + warmup_s
@@ -114,7 +119,7 @@ async def _run(master: str, vgroup: int, clients: int, batch: int, row_bytes: in
     stats = {"rows": 0, "requests": 0}
     path = b"/v1/vgroups/%d/write" % vgroup
     tasks = [asyncio.create_task(_client(i, host, int(port), path, batch, row_bytes, t_end,
-                                         t_measure, lat, counts, stats))
+                                         t_measure, lat, counts, stats, access))
              for i in range(clients)]
     results = await asyncio.gather(*tasks, return_exceptions=True)
     for r in results:
@@ -128,20 +133,22 @@ async def _run(master: str, vgroup: int, clients: int, batch: int, row_bytes: in
 
 
 def run_load(nodes: list[str], vgroup: int = 1, clients: int = 16, batch: int = 100,
-             row_bytes: int = 100, duration_s: float = 10.0, warmup_s: float = 1.0
-             ) -> BenchResult:
-    """Find the vgroup's master among `nodes` and load it; the result (confirmed rows only)."""
-    c = Client(nodes)
+             row_bytes: int = 100, duration_s: float = 10.0, warmup_s: float = 1.0,
+             access: dict | None = None) -> BenchResult:
+    """Find the vgroup's master among `nodes` and load it; the result (confirmed rows only).
+    `access`: Client keyword arguments (token, tls, cafile, verify) the load clients use too."""
+    c = Client(nodes, **(access or {}))
     try:
         master = c.find_master(vgroup)
     finally:
         c.close()
     if master is None:
-        raise RuntimeError(f"no master for vgroup {vgroup} among {nodes}")
-    return asyncio.run(_run(master, vgroup, clients, batch, row_bytes, duration_s, warmup_s))
+        raise ClientError(f"no master for vgroup {vgroup} among {nodes}"
+                           f"{': ' + c.last_error if c.last_error else ''}")
+    return asyncio.run(_run(master, vgroup, clients, batch, row_bytes, duration_s, warmup_s, c))
 
 
-def run_bench_cli(args: argparse.Namespace) -> int:
+def run_bench_cli(args: argparse.Namespace, access: dict | None = None) -> int:
     from vrepl.node.local import LocalCluster
 
     base = None
@@ -157,7 +164,7 @@ def run_bench_cli(args: argparse.Namespace) -> int:
             cluster.wait_master(slaves=2)
             nodes = cluster.endpoints
         res = run_load(nodes, args.vgroup, args.clients, args.batch, args.row_bytes,
-                       args.duration, args.warmup)
+                       args.duration, args.warmup, access)
         print(json.dumps(asdict(res)) if args.json else res.describe())
         return 0
     finally:

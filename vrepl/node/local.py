@@ -91,8 +91,11 @@ class LocalCluster:
                  quorum: int = 0,
                  secret: str = "vrepl-local-secret", vnode: dict | None = None,
                  sync: dict | None = None, http: dict | None = None,
-                 log_level: str = "INFO") -> None:
+                 log_level: str = "INFO", client_kw: dict | None = None) -> None:
         self.base_dir = os.path.abspath(base_dir)
+        # Client keyword arguments for every client this object makes (token, tls, cafile),
+        # for nodes whose [http] sets token_file or tls_cert.
+        self.client_kw = dict(client_kw or {})
         self.vgroup = vgroup
         self.vgroup_ids = list(range(vgroup, vgroup + vgroup_count))
         ports = free_ports(2 * n)
@@ -181,11 +184,11 @@ class LocalCluster:
 
     # -- observing ------------------------------------------------------------------------------
     def client(self, **kw: Any) -> Client:
-        return Client(self.endpoints, **kw)
+        return Client(self.endpoints, **{**self.client_kw, **kw})
 
     def status(self, node: int, timeout_s: float = 2.0) -> dict | None:
         """A node's /v1/status, or None if it does not answer."""
-        c = Client([self.nodes[node].http], request_timeout_s=timeout_s)
+        c = Client([self.nodes[node].http], request_timeout_s=timeout_s, **self.client_kw)
         try:
             return c.status(self.nodes[node].http)
         except Exception:
@@ -250,7 +253,7 @@ class LocalCluster:
 
     def replica_rows(self, node: int, table: str) -> list[dict]:
         """All rows of a table on one replica (paged by ts)."""
-        c = Client([self.nodes[node].http])
+        c = Client([self.nodes[node].http], **self.client_kw)
         try:
             out: list[dict] = []
             start = None

@@ -82,11 +82,13 @@ def wal_below_archive(path: str, max_record_bytes: int = _wal.DEFAULT_MAX_RECORD
     return None
 
 
-def find_master(client_nodes: list[str], vgroup: int, timeout_s: float = 2.0) -> int | None:
-    """The node id that the peers (their HTTP /v1/status) say is the vgroup's master."""
+def find_master(client_nodes: list[str], vgroup: int, timeout_s: float = 2.0, *,
+                token: str | None = None, tls: bool = False) -> int | None:
+    """The node id that the peers (their HTTP /v1/status) say is the vgroup's master, or None
+    when none answers or names one (`token`, `tls`: as this node's own API: the cluster's)."""
     hint = None
     for ep in client_nodes:
-        c = Client([ep], request_timeout_s=timeout_s)
+        c = Client([ep], request_timeout_s=timeout_s, token=token, tls=tls)
         try:
             doc = c.status(ep)
         except (ClientError, OSError):

@@ -13,6 +13,8 @@ Routes:
     POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}]
     GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
     GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
+With http.token_file set, every route needs `Authorization: Bearer <token>` (checked in
+vrepl/node/http.py before any route is looked up).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import Any
 
 import vrepl
 from vrepl.node.config import NodeConfig
-from vrepl.node.http import HttpServer, Request, Response, error
+from vrepl.node.http import HttpServer, Request, Response, error, server_ssl_context
 from vrepl.node.vgroup import VgroupHost
 from vrepl.transport.loop import IoLoop
 from vrepl.vnode.rows import INT64_MAX, INT64_MIN, TABLE_NAME_RE, TABLE_NAME_RULE
@@ -83,8 +85,16 @@ class Node:
             self.http = HttpServer(self.handle, max_body_bytes=h.max_body_bytes,
                                    max_header_bytes=h.max_header_bytes,
                                    max_connections=h.max_connections,
-                                   idle_timeout_ms=h.idle_timeout_ms)
+                                   idle_timeout_ms=h.idle_timeout_ms,
+                                   header_timeout_ms=h.header_timeout_ms,
+                                   body_timeout_ms=h.body_timeout_ms, token=h.token,
+                                   ssl_context=(server_ssl_context(h.tls_cert, h.tls_key)
+                                                if h.tls_cert and h.tls_key else None))
             host, port = self.cfg.http_listen
+            if h.listen is None and (host, port) != self.cfg.me.http:
+                log.warning("http.listen is not set: the client API listens on %s:%d only,"
+                            " not on this node's http address %s (set [http] listen to serve"
+                            " other hosts)", host, port, self.cfg.me.http_endpoint)
             self.io.run(self.http.start(host, port))
             self.io.call(self._schedule_tick)
         except BaseException:
@@ -228,6 +238,7 @@ def run_node(cfg: NodeConfig) -> int:
     gc.set_threshold(*_gc_thresholds())
     host, port = cfg.http_listen
     print(json.dumps({"event": "ready", "node": cfg.node_id, "http": f"{host}:{port}",
+                      "tls": cfg.http.tls, "token": cfg.http.token is not None,
                       "replication": cfg.me.replication_endpoint, "pid": os.getpid(),
                       "vgroups": sorted(node.vgroups)}), flush=True)
     log.info("node %d ready: http %s:%d", cfg.node_id, host, port)

@@ -148,6 +148,8 @@ class VgroupHost:
                              notify_role=self._notify_role,
                              notify_flow_control=self._notify_flow_control,
                              notify_wal_truncated=self._notify_wal_truncated,
+                             # A size or age flush waiting for committed rows goes at once.
+                             notify_commit=lambda version: self._maybe_flush(),
                              get_version=vnode.get_version,
                              # The restore flow's callbacks (docs/vnode.md §7).
                              get_file_info=vnode.get_file_info,
@@ -540,7 +542,7 @@ class VgroupHost:
         self.state = NEEDS_RESTORE
         self.needs_restore = {"reason": reason, "since": round(time.time(), 3),
                               "phase": "stopping replication", "source": None, "attempts": 0,
-                              "last_error": None}
+                              "last_error": None, "wal_end": None}
         log.critical("vg%d n%d: needs a restore: %s. This replica stops replicating (peers see"
                      " it offline: it neither votes nor can be elected), answers 503"
                      " needs_restore to reads and writes, and restores itself from the master",
@@ -566,6 +568,14 @@ class VgroupHost:
             self.needs_restore.update(phase=phase, **fields)
 
     def _self_restore(self) -> None:
+        try:
+            self._self_restore_loop()
+        except Exception:     # a bug: the vgroup stays in needs_restore (a restart retries)
+            log.exception("vg%d n%d: needs_restore: the self-restore thread failed; the"
+                          " vgroup stays in needs_restore until the node restarts", self.id,
+                          self.node_id)
+
+    def _self_restore_loop(self) -> None:
         """(self-restore thread) Stop replicating, close the vnode without archiving
         anything, then until it works: pull a complete copy from the master, check it, swap
         it in (the promise file stays), reopen the vnode and start replicating again."""
@@ -609,19 +619,32 @@ class VgroupHost:
                 return
             pause_ms = min(pause_ms * 2, SELF_RESTORE_RETRY_MAX_MS)
 
+    def _restore_source(self, attempt: int, known_master: int | None) -> int:
+        """Where to pull a copy from: the master this replica last followed (first attempt),
+        else the master the peers' /v1/status name, else each peer in turn. A copy from a
+        slave is safe too (archives hold committed rows only, docs/vnode.md §5, and the
+        rejoin matches the log with the master): the peers' HTTP API may not be reachable
+        from here (it listens on loopback by default), their replication port is."""
+        peers = [n for n in self.spec.replicas if n != self.node_id and n in self.node_cfg.nodes]
+        if not peers:
+            raise selfrestore.SelfRestoreError("this vgroup has no other replica to restore from")
+        if attempt == 1 and known_master in peers:
+            return known_master  # type: ignore[return-value]
+        h = self.node_cfg.http
+        named = selfrestore.find_master([self.node_cfg.nodes[n].http_endpoint for n in peers],
+                                        self.id, token=h.token.decode() if h.token else None,
+                                        tls=h.tls)
+        if named in peers:
+            return named  # type: ignore[return-value]
+        return peers[(attempt - 2) % len(peers)]
+
     def _restore_attempt(self, attempt: int, known_master: int | None,
                          own_end: tuple[int, int], max_record: int) -> bool:
         """One try of the self-restore; False when stopped, raises on failure."""
         t = time.monotonic()
         swapped = selfrestore.roll_forward(self.path)     # a swap a failure interrupted
         if swapped is None:
-            peers = [self.node_cfg.nodes[n].http_endpoint for n in self.spec.replicas
-                     if n != self.node_id and n in self.node_cfg.nodes]
-            source = known_master if attempt == 1 and known_master is not None else \
-                selfrestore.find_master(peers, self.id) or known_master
-            if source is None or source == self.node_id or source not in self.node_cfg.nodes:
-                raise selfrestore.SelfRestoreError("no master known: the peers name none"
-                                                   " (are they up?)")
+            source = self._restore_source(attempt, known_master)
             where = self.node_cfg.nodes[source].replication_endpoint
             self._phase("pulling a copy", source=source)
             log.info("vg%d n%d: needs_restore: pulling a complete copy from n%d at %s"

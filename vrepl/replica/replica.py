@@ -868,11 +868,12 @@ class Replica:
     def _commit_by_majority(self) -> None:
         """quorum < majority: a confirmation may be on fewer replicas than any election
         consults, so it commits nothing; the highest own-epoch version a majority holds
-        durably (the master's own WAL and its followers' acks in this epoch) does."""
+        durably (the master's own WAL and its followers' acks in this epoch) does, capped
+        at the master's own durable log as a confirmation is."""
         w = self.window
         invariant(w is not None, "a master has a window")
         held = sorted((w.acked_version(i) for i in range(self.n)), reverse=True)
-        point = held[self.n // 2]
+        point = min(held[self.n // 2], self.durable_version)
         if point >= self.epoch_first_version:
             self._advance_commit(point)
 

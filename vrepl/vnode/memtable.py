@@ -4,7 +4,8 @@ Owns: the rows applied above the archived version, per table, in the order they 
 applied (vrepl/_core/memcols.pyx: int64 ts/version/epoch and one typed column per value
 column), the size/age figures that trigger a flush, and the two views readers need: the
 newest row per ts in a time range (queries) and the whole table as Arrow, newest row per
-ts, sorted by ts (flush). Must not: do I/O, validate (rows arrive validated, and their
+ts, sorted by ts (flush), and the cut at a version a flush archives up to (split_above:
+the committed rows go to files, the rest stays, docs/vnode.md §5). Must not: do I/O, validate (rows arrive validated, and their
 columns are already in the schemas it is given), or lock (the Vnode's lock covers it).
 
 Same ts written twice: the later version wins (docs/vnode.md §later-version-wins). Rows are

@@ -1,7 +1,8 @@
 """The reference vnode: a small time-series store a sync instance embeds (docs/vnode.md).
 
 Owns: the table schemas, the memtable, the archived files (through ArchiveStore), the
-applied and archived versions, and the callbacks of the embedding API (docs/embedding.md):
+applied and archived versions (a flush archives only up to the limit it is given: the
+group's commit index, docs/vnode.md §5), and the callbacks of the embedding API (docs/embedding.md):
 write_to_cache, confirm_forward, get_file_info, get_wal_info, get_version, notify_role,
 notify_file_synced, notify_flow_control. Must not: write the WAL (the sync instance owns
 `<data path>/wal`; the vnode only reads it to recover and tells the owner, or a writer it is

@@ -13,7 +13,7 @@ import os
 import sys
 
 from vrepl.testing.sim.campaign import run_campaign, run_seed
-from vrepl.testing.sim.options import CLI_FIELDS, PROFILES, SimOptions, make_options
+from vrepl.testing.sim.options import CLI_FIELDS, FLUSH_LIMITS, PROFILES, SimOptions, make_options
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -25,7 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", choices=sorted(PROFILES), default="default", help="fault rates (default: default)")
     defaults = SimOptions()
     for name in CLI_FIELDS:
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(getattr(defaults, name)), default=None)
+        choices = FLUSH_LIMITS if name == "flush_limit" else None
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(getattr(defaults, name)), default=None,
+                       choices=choices)
     arb = p.add_mutually_exclusive_group()
     arb.add_argument("--arbitrator", dest="arbitrator", action="store_true", default=None,
                      help="use an arbitrator (default: when the replica count is even)")
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
               f" confirmed ok {s.confirmed_ok}, failed {s.confirmed_failed}, timed out {s.confirmed_timed_out},"
               f" unknown {s.unknown}, lost {s.lost}; elections {s.elections} (max epoch {s.max_epoch}),"
               f" crashes {s.crashes}, pauses {s.pauses}, partitions {s.partitions}, connection losses"
-              f" {s.conn_losses}, truncations {s.truncations}; recovered in {s.recovery_ticks} ticks;"
+              f" {s.conn_losses}, truncations {s.truncations}; app flushes {s.flushes} ({s.archived} rows archived,"
+              f" limit {opts.flush_limit}); recovered in {s.recovery_ticks} ticks;"
               f" trace {r.trace_hash[:16]}")
         if not r.ok:
             print(r.report())

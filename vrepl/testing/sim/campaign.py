@@ -104,6 +104,8 @@ class Summary:
     elections: int = 0
     crashes: int = 0
     partitions: int = 0
+    flushes: int = 0
+    archived: int = 0
     recovery_ticks: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -115,6 +117,8 @@ class Summary:
         self.elections += s.elections
         self.crashes += s.crashes
         self.partitions += s.partitions
+        self.flushes += s.flushes
+        self.archived += s.archived
         if r.ok:
             self.lost += s.lost
             self.runs_with_loss += 1 if s.lost else 0
@@ -136,6 +140,7 @@ class Summary:
             "replicas": self.opts.replicas,
             "quorum": self.opts.quorum_effective,
             "arbitrator": self.opts.arbitrator_used,
+            "flush_limit": self.opts.flush_limit,
             "runs": self.runs,
             "failed_runs": len(self.failures),
             "failures_by_kind": kinds,
@@ -147,6 +152,8 @@ class Summary:
             "elections": self.elections,
             "crashes": self.crashes,
             "partitions": self.partitions,
+            "app_flushes": self.flushes,
+            "app_rows_archived": self.archived,
             "recovery_ticks_p50": self.percentile(50),
             "recovery_ticks_p99": self.percentile(99),
             "recovery_ticks_max": max(self.recovery_ticks, default=-1),
@@ -161,6 +168,7 @@ class Summary:
             f"  writes submitted {d['writes_submitted']}, confirmed ok {d['confirmed_ok']},"
             f" confirmed then lost {d['confirmed_lost']} (in {d['runs_with_loss']} runs)",
             f"  elections {d['elections']}, crashes {d['crashes']}, partitions {d['partitions']}",
+            f"  app flushes {d['app_flushes']} (flush limit {d['flush_limit']}), rows archived {d['app_rows_archived']}",
             f"  ticks to recover after healing: p50 {d['recovery_ticks_p50']}, p99 {d['recovery_ticks_p99']},"
             f" max {d['recovery_ticks_max']}",
             f"  {d['seconds']} s",

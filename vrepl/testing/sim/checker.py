@@ -14,7 +14,10 @@ of the promises of docs/design.md breaks:
   `quorum` nodes still hold it durably;
 * at the end, the final master's log holds every confirmed record;
 * (epoch, version) names one record: two WALs never hold different payloads at the same
-  (epoch, version) — the log matching that truncation and SyncStart rely on (§4.3).
+  (epoch, version) — the log matching that truncation and SyncStart rely on (§4.3);
+* the commit index (§4.4): a version committed on any node (CommitAdvanced) names one
+  record for ever; a committed record is never truncated from any node's WAL and the final
+  master holds every one — in every quorum mode, since the app archives what is committed.
 
 With quorum < majority (asynchronous replication) losing a confirmed write is the documented
 price of that setting: `lossy=True` counts losses in `lost` instead of raising.
@@ -47,6 +50,7 @@ class History:
         self.elections = 0
         self.truncated_confirmed = 0  # confirmed records removed from some node's log (must stay 0)
         self.written: dict[tuple[int, int], tuple[int, bytes]] = {}  # (epoch, version) -> (first writer, payload)
+        self.committed: dict[int, tuple[int, Record]] = {}  # version -> (first node to commit it, record)
 
     # ------------------------------------------------------------------ recording
 
@@ -97,9 +101,24 @@ class History:
             if epoch > rec.epoch:
                 self.check_master_holds(m, epoch, log, (rec,))
 
+    def on_commit(self, node: int, log: Sequence[Record], first: int, version: int) -> None:
+        """`node` raised its commit version from `first` to `version`: records first+1..version
+        of its `log` are committed. Each version may only ever name one committed record."""
+        committed = self.committed
+        for v in range(first + 1, version + 1):
+            rec = log[v - 1]
+            known = committed.setdefault(v, (node, rec))
+            if known[1] != rec:
+                self._violate(f"n{node} commits {rec.describe()} {rec.payload!r} but n{known[0]} committed"
+                              f" {known[1].describe()} {known[1].payload!r} at v{v}")
+
     def on_truncate(self, node: int, cut: int, durable_logs: Sequence[Sequence[Record]], dropped: Sequence[Record]) -> None:
         """`node` truncated its WAL after version `cut`, dropping `dropped`; `durable_logs`
         are every node's durable log after the truncation."""
+        for rec in dropped:
+            known = self.committed.get(rec.version)
+            if known is not None and known[1] == rec:
+                self._violate(f"n{node} truncated committed {rec.describe()} (committed by n{known[0]}) after v{cut}")
         for rec in dropped:
             if self.confirmed.get(rec.version) != rec:
                 continue
@@ -110,7 +129,10 @@ class History:
                                 f" only {holders} durable copies left, quorum {self.quorum}")
 
     def check_final(self, node: int, log: Sequence[Record]) -> None:
-        """The converged master's log holds every confirmed record."""
+        """The converged master's log holds every confirmed and every committed record."""
+        for v, (first, rec) in self.committed.items():
+            if v > len(log) or log[v - 1] != rec:
+                self._violate(f"final master n{node} lacks {rec.describe()} committed by n{first}")
         for rec in self.confirmed.values():
             have = log[rec.version - 1] if rec.version <= len(log) else None
             if have != rec:

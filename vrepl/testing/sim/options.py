@@ -1,7 +1,8 @@
 """Options of one simulated run: cluster shape, phase lengths and the fault model's rates.
 
 Owns: `SimOptions` (every knob, with the defaults the CI seeds use), the named profiles
-(`calm`, `default`, `harsh`) and `repro_args()`, which turns options back into the command
+(`calm`, `default`, `harsh`, and `isolation`, the "flush during isolation" family) and
+`repro_args()`, which turns options back into the command
 line that reproduces a run. Rates are probabilities per simulated tick unless the name says
 otherwise; times are in ticks unless they end in `_units` (1 tick = UNITS_PER_TICK units).
 Must not: hold state of a run.
@@ -13,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 UNITS_PER_TICK = 10  # simulated time resolution: a tick is 10 units; latencies are in units
+FLUSH_LIMITS = ("committed", "applied")  # how far the simulated app may archive its memtable
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class SimOptions:
     slow_disk_units_max: int = 400
     app_units_max: int = 12  # the app applies a forwarded record within this (AppAcked)
 
+    # The app's archive (docs/simulation.md §App): each node's app flushes its memtable with
+    # this probability per tick, up to the flush limit: "committed" (the commit version,
+    # docs/embedding.md §Commit index) or "applied" (everything applied: the rule of issue 13,
+    # which loses acknowledged writes).
+    flush_rate: float = 0.05
+    flush_limit: str = "committed"
+
     # Clocks: each node ticks every UNITS_PER_TICK +- drift units.
     clock_drift_units: int = 1
 
@@ -58,6 +67,7 @@ class SimOptions:
     # Network faults (per tick).
     partition_rate: float = 0.01
     heal_rate: float = 0.03
+    isolate_master_share: float = 0.0  # of partitions: cut the master off from its majority
     link_slow_rate: float = 0.005
 
     # Arbitrator faults (per tick).
@@ -95,12 +105,21 @@ HARSH = dict(
     slow_disk_rate=0.01, slow_message_rate=0.05, arbitrator_crash_rate=0.006,
     arbitrator_link_cut_rate=0.01, conservative_history_share=0.0,
 )
-PROFILES: dict[str, dict] = {"calm": CALM, "default": {}, "harsh": HARSH}
+# The "flush during isolation" family (issue 13): partitions mostly cut the master off from its
+# majority (and its arbitrator) for long periods (heal 0.01/tick: ~100 ticks, while the
+# master steps down after 20), and the apps flush often; fewer crashes, so a deposed master
+# usually keeps its memtable until it rejoins.
+ISOLATION = dict(
+    partition_rate=0.02, heal_rate=0.01, isolate_master_share=0.8, flush_rate=0.3, crash_rate=0.002,
+    pause_rate=0.001,
+)
+PROFILES: dict[str, dict] = {"calm": CALM, "default": {}, "harsh": HARSH, "isolation": ISOLATION}
 
 # Options the CLI exposes (name -> type); repro_args() prints the ones that differ.
 CLI_FIELDS = (
     "replicas", "quorum", "safety_ticks", "liveness_ticks", "write_rate", "crash_rate", "pause_rate",
-    "partition_rate", "conn_loss_rate", "slow_disk_rate", "conservative_history_share",
+    "partition_rate", "conn_loss_rate", "slow_disk_rate", "conservative_history_share", "flush_rate",
+    "flush_limit",
 )
 
 

@@ -3,8 +3,9 @@ apps, clocks and arbitrator, all driven by one seeded PRNG (docs/simulation.md).
 
 Owns: `World` — the event heap and simulated time, the per-connection FIFO channels, each
 node's WAL (a durable prefix and a volatile tail made durable by a simulated fsync), the
-promise file, the app (WriteToCache -> AppAcked after a delay), the client's view of every
-write (ConfirmForward), the arbitrator (vrepl.replica.lease.LeaseTable), fault injection
+promise file, the app (WriteToCache -> AppAcked after a delay; a memtable of applied records
+and an archived prefix that survives crashes, flushed up to the flush limit, as the vnode
+behaves), the client's view of every write (ConfirmForward), the arbitrator (vrepl.replica.lease.LeaseTable), fault injection
 and the two phases (safety under faults, then liveness after healing). Every replica action
 is executed in list order as a real transport must (vrepl/replica/actions.py ORDERING
 CONTRACT): PersistPromisedEpoch is durable before the Sends after it, storage jobs complete
@@ -17,7 +18,9 @@ comes from different connections (and the stream of StreamWalFrom, on a channel 
 racing each other, from random latency and from clock drift.
 
 Must not: use the global `random`, wall-clock time, threads or sockets; everything random
-comes from `self.rng`, so a seed replays exactly.
+comes from `self.rng`, so a seed replays exactly (the app's flush points from `self.app_rng`,
+seeded from the same seed: the app never feeds back into replication, so adding it left the
+fault schedule of every seed unchanged).
 """
 
 from __future__ import annotations
@@ -131,6 +134,13 @@ class SimNode:
     disk_stalled_until: int = 0  # no storage job completes before this time (units)
     app_q: deque = field(default_factory=deque)  # (ready_time, version)
     app_last: int = 0
+    # The app's data (docs/simulation.md §App): records applied above the archive (lost by a
+    # crash), the archived prefix (files: survives crashes), the commit version it was told
+    # (CommitAdvanced; 0 after a restart) and how far its commits went to the checker.
+    memtable: list[Record] = field(default_factory=list)
+    archive: list[Record] = field(default_factory=list)
+    app_commit: int = 0
+    commit_checked: int = 0
     local: Channel | None = None
     sock: dict[int, int | None] = field(default_factory=dict)  # peer -> connection gen this node holds
     arb_sock: int | None = None
@@ -171,6 +181,8 @@ class Stats:
     recovery_ticks: int = -1
     lost: int = 0
     events: int = 0
+    flushes: int = 0  # app flushes that archived something
+    archived: int = 0  # rows archived (summed over flushes)
 
 
 class World:
@@ -181,6 +193,7 @@ class World:
         self.seed = seed
         self.opts = opts = opts or SimOptions()
         self.rng = random.Random(seed)
+        self.app_rng = random.Random(seed * 2 + 1)  # the apps' flush points only
         self.now = 0  # units
         self._heap: list = []
         self._seq = 0
@@ -251,6 +264,7 @@ class World:
         sn.up, sn.paused = True, False
         sn.replica = Replica(self.config_for(sn, conservative))
         sn.durable = len(sn.wal)
+        self._app_recover(sn)
         sn.local = Channel("local", sn.node, sn.node, sn.inc)
         sn.sock = {p: None for p in sn.sock}
         sn.arb_sock = None
@@ -549,8 +563,11 @@ class World:
                 self._append(sn, [Record(e, a.first_version + i, p)
                                   for i, (e, p) in enumerate(zip(a.record_epochs, a.payloads))])
             elif t is WriteToCache:
+                self._app_apply(sn, (a.record,))
                 self._app(sn, a.record.version)
             elif t is WriteToCacheBatch:
+                self._app_apply(sn, [Record(e, a.first_version + i, p)
+                                     for i, (e, p) in enumerate(zip(a.record_epochs, a.payloads))])
                 self._app(sn, a.first_version + len(a.payloads) - 1)
             elif t is ConfirmForward:
                 self._on_confirm(sn, a)
@@ -571,7 +588,9 @@ class World:
                 if sn.arb_sock is not None and conn is not None and conn.gen == sn.arb_sock:
                     self._enqueue(self._chan("n2a", sn.node, ARB, conn.gen), (sn.node, a.epoch),
                                   self._latency(sn.node, ARB))
-            elif t is FlowControl or t is CommitAdvanced:
+            elif t is CommitAdvanced:
+                self._app_commit(sn, a.version)
+            elif t is FlowControl:
                 pass
             else:
                 raise SimError(f"unknown action {a!r}")
@@ -614,7 +633,18 @@ class World:
         self._start_job(sn)
 
     def _truncate(self, sn: SimNode, version: int) -> None:
-        # The app drops what it would apply from the discarded records.
+        if version < sn.app_commit:
+            raise SafetyViolation(f"n{sn.node} truncates its WAL after v{version}, below its commit version"
+                                  f" v{sn.app_commit}")
+        archived = len(sn.archive)
+        if version < archived:
+            # Issue 13: the app archived records the group never confirmed; the WAL now cuts
+            # them, and the node would go on serving the wrong rows.
+            raise SafetyViolation(f"n{sn.node} truncates its WAL after v{version}, below its app's archived"
+                                  f" version v{archived} (flush limit {self.opts.flush_limit}): archived"
+                                  f" {sn.archive[version].describe()}..{sn.archive[-1].describe()} are cut")
+        # The app drops what it applied or would apply from the discarded records.
+        del sn.memtable[version - archived:]
         sn.app_q = deque((t, v) for t, v in sn.app_q if v <= version)
         sn.truncating += 1
         sn.jobs.append(["trunc", version])
@@ -666,6 +696,62 @@ class World:
             return
         _, version = sn.app_q.popleft()
         self._local(sn, AppAcked(version), 0)
+
+    # ------------------------------------------------------------------ the app's data
+
+    def _app_recover(self, sn: SimNode) -> None:
+        """Start-up: the app reloads its archive and replays its WAL above the archived
+        version into the memtable (docs/vnode.md §6)."""
+        archived = len(sn.archive)
+        if archived > len(sn.wal) or sn.wal[:archived] != sn.archive:
+            raise SafetyViolation(f"n{sn.node} starts with its app archived up to v{archived} but its WAL"
+                                  f" ends at v{len(sn.wal)} or differs below it (flush limit"
+                                  f" {self.opts.flush_limit}): the app archived records its WAL lost")
+        sn.memtable = sn.wal[archived:]
+        sn.app_commit = 0
+        sn.commit_checked = 0
+
+    def _app_apply(self, sn: SimNode, records) -> None:
+        """The app applies records in version order; each must be its WAL's record there."""
+        for rec in records:
+            v = rec.version
+            applied = len(sn.archive) + len(sn.memtable)
+            if v != applied + 1:
+                raise SimError(f"n{sn.node} app applies v{v} after v{applied}")
+            have = sn.wal[v - 1] if v <= len(sn.wal) else None
+            if have != rec:
+                raise SafetyViolation(f"n{sn.node} app applies {rec.describe()} {rec.payload!r} but its WAL has"
+                                      f" {have.describe() if have else 'nothing'} at v{v}")
+            sn.memtable.append(rec)
+
+    def _app_commit(self, sn: SimNode, version: int) -> None:
+        """CommitAdvanced (notify_commit): the app may archive up to `version`; the checker
+        learns which records are committed."""
+        if version <= sn.app_commit:
+            raise SimError(f"n{sn.node} commit goes back from v{sn.app_commit} to v{version}")
+        if version > sn.durable:
+            raise SafetyViolation(f"n{sn.node} commits v{version} but its WAL is durable only to v{sn.durable}")
+        sn.app_commit = version
+        self.history.on_commit(sn.node, sn.wal, sn.commit_checked, version)
+        sn.commit_checked = version
+
+    def app_flush(self, sn: SimNode) -> int:
+        """Archive the memtable up to the flush limit; returns the archived version."""
+        archived = len(sn.archive)
+        applied = archived + len(sn.memtable)
+        limit = applied if self.opts.flush_limit == "applied" else min(applied, sn.app_commit)
+        if limit > archived:
+            k = limit - archived
+            sn.archive.extend(sn.memtable[:k])
+            del sn.memtable[:k]
+            self.stats.flushes += 1
+            self.stats.archived += k
+            self._trace(f"n{sn.node} FLUSH archived v{archived + 1}..v{limit}")
+        return len(sn.archive)
+
+    def app_rows(self, sn: SimNode) -> list[Record]:
+        """What the app serves: archive + memtable."""
+        return sn.archive + sn.memtable
 
     def _stream(self, sn: SimNode, a: StreamWalFrom) -> None:
         """Read the records from this node's WAL (as written: the page cache is readable) and
@@ -739,6 +825,10 @@ class World:
             rec = sn.outstanding.pop(v, None)
             if rec is None:
                 raise SimError(f"n{sn.node} {a.describe()}: v{v} has no write in flight")
+            if st != ConfirmStatus.NOT_MASTER:
+                # The vnode applies a record at its outcome (vrepl/node/vgroup.py _confirm):
+                # ok, timed_out and failed records are in the WAL.
+                self._app_apply(sn, (rec,))
             if st == ConfirmStatus.OK:
                 self.stats.confirmed_ok += 1
                 have = sn.wal[v - 1] if v <= len(sn.wal) else None
@@ -786,6 +876,9 @@ class World:
         sn.jobs.clear()
         sn.job_running = False
         sn.app_q.clear()
+        sn.memtable = []  # the archive stays: it is files
+        sn.app_commit = 0
+        sn.commit_checked = 0
         sn.followups.clear()
         if sn.local is not None:
             sn.local.dead = True
@@ -914,6 +1007,10 @@ class World:
                         sn.arb_sock = None
                         self._step(sn, ArbitratorLost())
                     self._arb_connect(sn)
+        if self.opts.flush_rate:
+            for sn in self.nodes.values():
+                if self.app_rng.random() < self.opts.flush_rate and sn.running:
+                    self.app_flush(sn)
         if self.workload_on:
             for sn in self.masters():
                 if sn.running and self.rng.random() < self.opts.write_rate:
@@ -960,6 +1057,15 @@ class World:
     def _random_partition(self) -> None:
         rng, ids = self.rng, list(self.node_ids)
         self.stats.partitions += 1
+        if self.opts.isolate_master_share and rng.random() < self.opts.isolate_master_share:
+            masters = [m.node for m in self.masters()]
+            if masters:
+                # Cut a master off from its majority: every other replica and the arbitrator.
+                victim = rng.choice(masters)
+                self.partition((victim,), tuple(x for x in ids if x != victim))
+                if self.arb_used:
+                    self.cut(victim, ARB)
+                return
         kind = rng.randrange(5)
         if kind == 0:  # isolate one node (often the master)
             masters = [m.node for m in self.masters()]
@@ -1057,6 +1163,7 @@ class World:
                     for sn in self.nodes.values():
                         if sn.wal != m.wal[: len(sn.wal)]:
                             raise SafetyViolation(f"n{sn.node} log is not a prefix of master n{m.node}'s")
+                        self.check_app_final(sn, m)
                     self.stats.lost = len(self.history.lost)
                     return m
         finally:
@@ -1065,6 +1172,14 @@ class World:
             f"no convergence {budget} ticks after healing (probe confirmed: {probe_ok}):\n  "
             + "\n  ".join(self.describe_node(sn) for sn in self.nodes.values())
         )
+
+    def check_app_final(self, sn: SimNode, m: SimNode) -> None:
+        """After healing, every replica's app holds exactly the confirmed log (the master's)."""
+        rows = self.app_rows(sn)
+        if rows != m.wal:
+            where = next((i for i, (x, y) in enumerate(zip(rows, m.wal)) if x != y), min(len(rows), len(m.wal)))
+            raise SafetyViolation(f"n{sn.node}'s app holds {len(rows)} rows (archived {len(sn.archive)}) but the"
+                                  f" confirmed log has {len(m.wal)}; first difference at v{where + 1}")
 
     def run(self) -> Stats:
         """The whole run: start, safety phase under faults, liveness phase."""
