@@ -262,7 +262,10 @@ class ChaosCluster:
                 topo.mount_tmpfs(data, disk_kib)
             self.data[i] = data
             doc: dict[str, Any] = {"node_id": i, "data_dir": data, "secret": self.secret,
-                                   "log_level": "INFO", "log_file": os.path.join(d, "node.log"), **node}
+                                   "log_level": "INFO", "log_file": os.path.join(d, "node.log"), **node,
+                                   # The API listens on loopback unless told: the clients (and
+                                   # the peers' self-restore) come from other namespaces.
+                                   "http": {"listen": http[i]}}
             for section, values in (("vnode", vnode), ("sync", sync)):
                 if values:
                     doc[section] = dict(values)
