@@ -1,7 +1,9 @@
 """`vrepl-arbitrator`: run the arbitrator from a TOML config and/or flags.
 
-Owns: configuration parsing and validation, logging setup, signals. Exit codes: 0 stopped by
-SIGTERM/SIGINT, 2 bad configuration (one line on stderr), 1 could not start (port in use...).
+Owns: configuration parsing and validation, logging setup (vrepl/logsetup.py, the nodes'
+format), the metrics listener's life (arbitrator/metrics.py), signals (SIGHUP reopens the log
+file). Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad configuration (one line on stderr), 1
+could not start (port in use...).
 """
 from __future__ import annotations
 
@@ -13,15 +15,31 @@ import signal
 import sys
 import tomllib
 
+from arbitrator.metrics import MetricsListener
 from arbitrator.server import Arbitrator, ArbitratorConfig
+from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS, reopen_logs, setup_logging
 
 KEYS = {"host": str, "port": int, "secret": str, "secret_file": str, "state_dir": str,
         "lease_ms": int, "max_connections": int, "handshake_timeout_ms": int,
-        "idle_timeout_ms": int, "log_level": str, "log_file": str}
+        "idle_timeout_ms": int, "log_level": str, "log_file": str, "log_format": str,
+        "metrics_listen": str}
+DEFAULT_METRICS_LISTEN = "127.0.0.1:6043"
+
+log = logging.getLogger("vrepl.arbitrator")
 
 
 class ConfigError(Exception):
     pass
+
+
+def metrics_address(text: str) -> tuple[str, int] | None:
+    """`metrics_listen`: "host:port" (port 0: any free port), or "" for no listener."""
+    if text == "":
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"metrics_listen {text!r} is not host:port (or \"\" to turn it off)")
+    return host.strip("[]"), int(port)
 
 
 def load_config(path: str | None, overrides: dict) -> tuple[ArbitratorConfig, dict]:
@@ -64,51 +82,96 @@ def load_config(path: str | None, overrides: dict) -> tuple[ArbitratorConfig, di
     return cfg, raw
 
 
-async def _run(cfg: ArbitratorConfig) -> None:
+def _reopen_logs() -> None:
+    if reopen_logs():   # logging to stderr: nothing to reopen
+        log.info("arbitrator: log file reopened (SIGHUP)", extra={"event": "log_reopened"})
+
+
+async def _run(cfg: ArbitratorConfig, metrics_at: tuple[str, int] | None) -> None:
     arb = Arbitrator(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # Handlers first: whoever reads "listening" may send SIGTERM at once.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await arb.start()
-    print(f"vrepl-arbitrator: listening on {cfg.host}:{arb.port}", flush=True)
-    await stop.wait()
-    await arb.stop()
-    logging.getLogger("vrepl.arbitrator").info("arbitrator: stopped (%d grants, %d refusals)",
-                                               arb.grants, arb.refusals)
+    loop.add_signal_handler(signal.SIGHUP, _reopen_logs)
+    # The metrics listener first: if its address is taken, nothing else started.
+    metrics = MetricsListener(arb, loop, *metrics_at) if metrics_at is not None else None
+    try:
+        await arb.start()
+        print(f"vrepl-arbitrator: listening on {cfg.host}:{arb.port}", flush=True)
+        if metrics is not None:
+            host, port = metrics.address
+            print(f"vrepl-arbitrator: metrics on http://{host}:{port}/metrics", flush=True)
+            log.info("arbitrator: metrics on http://%s:%d/metrics", host, port, extra={"event": "listening"})
+        await stop.wait()
+    finally:
+        if metrics is not None:
+            metrics.close()
+        await arb.stop()
+    log.info("arbitrator: stopped (%d grants, %d refusals)", arb.grants, arb.refusals,
+             extra={"event": "stopped"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vrepl-arbitrator", description="vrepl arbitrator:"
+                                 " grants one master per vgroup and epoch a renewable lease",
+                                 epilog="A flag overrides the same key of --config. Exit codes:"
+                                 " 0 stopped by SIGTERM/SIGINT, 1 could not start (port in use),"
+                                 " 2 bad configuration. Docs: docs/arbitrator.md; example config"
+                                 " and systemd unit beside arbitrator/main.py.")
+    ap.add_argument("--config", metavar="PATH",
+                    help="TOML file (keys as below, optionally under [arbitrator])")
+    ap.add_argument("--host", help="address to listen on (127.0.0.1)")
+    ap.add_argument("--port", type=int, help="TCP port to listen on; 0 picks a free one (6042)")
+    ap.add_argument("--secret-file", dest="secret_file", metavar="PATH",
+                    help="file holding the cluster secret (required here or in --config)")
+    ap.add_argument("--state-dir", dest="state_dir", metavar="DIR",
+                    help="directory where grants survive restarts (.)")
+    ap.add_argument("--lease-ms", dest="lease_ms", type=int, metavar="MS",
+                    help="how long a grant holds (2000)")
+    ap.add_argument("--log-level", dest="log_level", help="debug, info, warning or error (info)")
+    ap.add_argument("--log-file", dest="log_file", metavar="PATH", help="log file (stderr)")
+    ap.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS,
+                    help="text (default) or json: one object per line (docs/operations.md §Logs)")
+    ap.add_argument("--metrics-listen", dest="metrics_listen", metavar="HOST:PORT",
+                    help=f"address of GET /metrics (default {DEFAULT_METRICS_LISTEN}; port 0: any"
+                    " free port; \"\": off)")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="vrepl-arbitrator", description="vrepl arbitrator:"
-                                 " grants one master per vgroup and epoch a renewable lease")
-    ap.add_argument("--config", help="TOML file (keys as below, optionally under [arbitrator])")
-    ap.add_argument("--host")
-    ap.add_argument("--port", type=int)
-    ap.add_argument("--secret-file", dest="secret_file")
-    ap.add_argument("--state-dir", dest="state_dir")
-    ap.add_argument("--lease-ms", dest="lease_ms", type=int)
-    ap.add_argument("--log-level", dest="log_level")
-    ap.add_argument("--log-file", dest="log_file")
+    ap = build_parser()
     args = ap.parse_args(argv)
     overrides = {k: getattr(args, k) for k in ("host", "port", "secret_file", "state_dir",
-                                                "lease_ms", "log_level", "log_file")}
+                                                "lease_ms", "log_level", "log_file", "log_format",
+                                                "metrics_listen")}
+    logging_ready = False
     try:
         cfg, raw = load_config(args.config, overrides)
         level = raw.get("log_level", "info").upper()
-        if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        if level not in LOG_LEVELS:
             raise ConfigError(f"log_level '{raw['log_level']}' is not debug/info/warning/error")
-        logging.basicConfig(level=level, filename=raw.get("log_file"),
-                            format="%(asctime)s %(levelname)s %(message)s")
+        log_format = raw.get("log_format", "text")
+        if log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format '{log_format}' is not text/json")
+        metrics_at = metrics_address(raw.get("metrics_listen", DEFAULT_METRICS_LISTEN))
+        setup_logging(level=level, log_file=raw.get("log_file"), log_format=log_format)
+        # Start-up errors go to the log file too; on stderr the one error line is enough.
+        logging_ready = bool(raw.get("log_file"))
         os.makedirs(cfg.state_dir, exist_ok=True)
-        asyncio.run(_run(cfg))
+        asyncio.run(_run(cfg, metrics_at))
     except ConfigError as exc:
         print(f"vrepl-arbitrator: error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # unreadable state file
+        if logging_ready:
+            log.error("arbitrator: cannot start: %s", exc, extra={"event": "config_error"})
         print(f"vrepl-arbitrator: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
+        if logging_ready:
+            log.error("arbitrator: cannot start: %s", exc, extra={"event": "start_failed"})
         print(f"vrepl-arbitrator: error: cannot start: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0

@@ -52,6 +52,18 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+# LeaseTable's refusal reasons (vrepl/replica/lease.py), as the codes the metrics count.
+_REFUSAL_CODES = (("is older than granted", "older_epoch"), ("was granted to", "epoch_taken"),
+                  ("lease held by", "lease_held"))
+
+
+def refusal_code(reason: str) -> str:
+    for words, code in _REFUSAL_CODES:
+        if words in reason:
+            return code
+    return "other"
+
+
 class Arbitrator:
     """One arbitrator: `await start()`, then `await serve_forever()` or `await stop()`."""
 
@@ -60,11 +72,16 @@ class Arbitrator:
             raise ValueError("arbitrator: the cluster secret is empty")
         self.config = config
         # Ticks are milliseconds of the monotonic clock.
-        self.leases = LeaseTable(config.lease_ms)
+        self.leases = LeaseTable(config.lease_ms, unit="ms")
         self._server: asyncio.base_events.Server | None = None
         self._clients: set[asyncio.StreamWriter] = set()
         self.grants = 0
         self.refusals = 0
+        # For the metrics (arbitrator/metrics.py): grants by kind (new / renewal), refusals
+        # and closed connections by reason code.
+        self.grant_kinds: dict[str, int] = {"new": 0, "renewal": 0}
+        self.refusal_reasons: dict[str, int] = {}
+        self.connections_closed: dict[str, int] = {}
         self._load_state()
 
     # -- state across restarts -------------------------------------------------------------
@@ -83,8 +100,10 @@ class Arbitrator:
         now = _now_ms()
         for vg, (node, epoch) in saved.get("grants", {}).items():
             self.leases.restore(int(vg), int(node), int(epoch), now)
-            log.info("arbitrator: vg%s restored grant n%s e%s; held for %d ms",
-                     vg, node, epoch, self.config.lease_ms)
+            log.info("arbitrator: vg%s n%s e%s: grant restored from the state file; held for %d ms",
+                     vg, node, epoch, self.config.lease_ms,
+                     extra={"event": "grant_restored", "vgroup": int(vg), "node": int(node), "epoch": int(epoch),
+                            "lease_ms": self.config.lease_ms})
 
     def _save_state(self) -> None:
         """Persist the latest grant per vgroup BEFORE the grant is sent (a restart must not
@@ -107,23 +126,33 @@ class Arbitrator:
     def decide(self, req: ArbitratorRequest, now_ms: int | None = None) -> ArbitratorGrant:
         """Answer one request (pure apart from the state file)."""
         now = _now_ms() if now_ms is None else now_ms
+        new = False
         if req.lease_ms > self.config.lease_ms:
             reason = (f"lease of {req.lease_ms} ms asked, this arbitrator grants at most"
                       f" {self.config.lease_ms} ms (config lease_ms)")
+            code = "lease_too_long"
         else:
             before = self.leases.granted().get(req.vgroup_id)
             reason = self.leases.request(req.vgroup_id, req.node, req.epoch, now)
-            if reason is None and before != (req.node, req.epoch):
+            code = refusal_code(reason) if reason else ""
+            new = reason is None and before != (req.node, req.epoch)
+            if new:
                 self._save_state()
         granted = reason is None
+        ids = {"vgroup": req.vgroup_id, "node": req.node, "epoch": req.epoch}
         if granted:
             self.grants += 1
-            log.debug("arbitrator: vg%d n%d e%d lease %d ms granted", req.vgroup_id,
-                      req.node, req.epoch, self.config.lease_ms)
+            self.grant_kinds["new" if new else "renewal"] += 1
+            # A new holder or epoch is news; the renewals every heartbeat are not.
+            log.log(logging.INFO if new else logging.DEBUG, "arbitrator: vg%d n%d e%d: %s, lease %d ms",
+                    req.vgroup_id, req.node, req.epoch, "granted" if new else "renewed",
+                    self.config.lease_ms, extra={"event": "grant" if new else "renewal", **ids,
+                                                 "lease_ms": self.config.lease_ms})
         else:
             self.refusals += 1
-            log.info("arbitrator: vg%d n%d e%d refused: %s", req.vgroup_id, req.node,
-                     req.epoch, reason)
+            self.refusal_reasons[code] = self.refusal_reasons.get(code, 0) + 1
+            log.info("arbitrator: vg%d n%d e%d: refused: %s", req.vgroup_id, req.node,
+                     req.epoch, reason, extra={"event": "refusal", **ids, "reason": code})
         return ArbitratorGrant(req.vgroup_id, req.node, req.epoch, self.config.lease_ms,
                                1 if granted else 0)
 
@@ -133,7 +162,7 @@ class Arbitrator:
                                                   self.config.port)
         addr = self._server.sockets[0].getsockname()
         log.info("arbitrator: listening on %s:%d, lease %d ms, state %s", addr[0], addr[1],
-                 self.config.lease_ms, self.state_path)
+                 self.config.lease_ms, self.state_path, extra={"event": "listening"})
 
     @property
     def port(self) -> int:
@@ -153,6 +182,19 @@ class Arbitrator:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def _closed(self, reason: str) -> None:
+        self.connections_closed[reason] = self.connections_closed.get(reason, 0) + 1
+
+    def snapshot(self) -> dict:
+        """What the metrics show, read on the event loop (arbitrator/metrics.py)."""
+        now = _now_ms()
+        leases = {}
+        for vg, (node, epoch) in self.leases.granted().items():
+            leases[vg] = {"node": node, "epoch": epoch, "live": self.leases.holder(vg, now) is not None}
+        return {"connections": len(self._clients), "grants": dict(self.grant_kinds),
+                "refusals": dict(self.refusal_reasons), "closed": dict(self.connections_closed),
+                "leases": leases}
+
     def _check_hello(self, hello: codec.Hello) -> str | None:
         if hello.kind != codec.ConnKind.ARBITRATOR:
             return f"connection kind {hello.kind} is not an arbitrator connection"
@@ -163,8 +205,9 @@ class Arbitrator:
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         peer = writer.get_extra_info("peername")
         if len(self._clients) >= self.config.max_connections:
+            self._closed("max_connections")
             log.warning("arbitrator: %s refused: %d connections (max_connections)", peer,
-                        len(self._clients))
+                        len(self._clients), extra={"event": "connection_refused", "reason": "max_connections"})
             writer.close()
             return
         self._clients.add(writer)
@@ -190,11 +233,16 @@ class Arbitrator:
                 stream.send(self.decide(msg))
                 await stream.drain()
         except (HandshakeError, FrameError) as exc:
-            log.warning("arbitrator: %s closed: %s", who, exc)
+            code = exc.code if isinstance(exc, HandshakeError) else "bad_frame"
+            self._closed(code)
+            log.warning("arbitrator: %s closed: %s", who, exc, extra={"event": "connection_refused", "reason": code})
         except asyncio.TimeoutError:
-            log.info("arbitrator: %s closed: idle for %d ms", who, self.config.idle_timeout_ms)
+            self._closed("idle_timeout")
+            log.info("arbitrator: %s closed: idle for %d ms", who, self.config.idle_timeout_ms,
+                     extra={"event": "connection_closed", "reason": "idle_timeout"})
         except (EOFError, ConnectionError):
-            log.info("arbitrator: %s disconnected", who)
+            self._closed("disconnected")
+            log.info("arbitrator: %s disconnected", who, extra={"event": "connection_closed", "reason": "disconnected"})
         finally:
             self._clients.discard(writer)
             writer.close()

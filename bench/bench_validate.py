@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from vrepl.child import python_argv
+
 DAY_MS = 86_400_000
 FILE_SPAN_MS = 10 * DAY_MS
 T0 = 1_700_000_000_000 - (1_700_000_000_000 % FILE_SPAN_MS)
@@ -157,7 +159,7 @@ def main() -> int:
         results = []
         for master in args.masters.split(","):
             out = tempfile.mkdtemp(prefix="vrepl-bench-out-")
-            proc = subprocess.run([sys.executable, __file__, "--run", master, out, *dirs],
+            proc = subprocess.run(python_argv(__file__, "--run", master, out, *dirs),
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)

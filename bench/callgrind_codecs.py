@@ -29,6 +29,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from vrepl.child import python_argv  # noqa: E402
+
 
 def round_trips(count: int, records: int, size: int) -> None:
     from vrepl._core import record as rec
@@ -56,7 +58,7 @@ def callgrind_profile(iterations: int, records: int, size: int) -> dict[str, flo
         for n in (iterations, 2 * iterations):
             path = os.path.join(tmp, f"cg.{n}")
             subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={path}",
-                            sys.executable, os.path.abspath(__file__), "--run", str(n),
+                            *python_argv(os.path.abspath(__file__)), "--run", str(n),
                             "--records", str(records), "--size", str(size)],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             text = subprocess.run(["callgrind_annotate", "--inclusive=no", "--auto=no",

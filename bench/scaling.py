@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.compare import jsonline  # noqa: E402
 from bench.compare.drivers.base import LatencySpec, ThroughputSpec  # noqa: E402
-from bench.compare.procs import ProcessRegistry, free_ports, install_exit_handlers  # noqa: E402
+from bench.compare.procs import (ProcessRegistry, bench_module_argv, free_ports,  # noqa: E402
+                                 install_exit_handlers)
 
 
 def load1() -> float:
@@ -182,8 +183,7 @@ class LibCluster:
             path = d / "conf.json"
             path.write_text(json.dumps(conf))
             self.nodes.append(procs.spawn(
-                f"lib{n}-{i + 1}", [sys.executable, "-m", "bench.compare.vrepl_lib_node",
-                                    str(path)],
+                f"lib{n}-{i + 1}", bench_module_argv("bench.compare.vrepl_lib_node", str(path)),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO))
         deadline = time.monotonic() + 40
         while True:

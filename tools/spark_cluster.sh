@@ -35,7 +35,7 @@ die() { echo "spark_cluster.sh: $*" >&2; exit 2; }
 python=${PYSPARK_PYTHON:-$(command -v python3 || command -v python)}
 spark_home() {
   "$python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null \
-    || die "pyspark is not installed for $python (pip install 'vrepl[spark]')"
+    || die "pyspark is not installed for $python (python3 -m pip install pyspark)"
 }
 
 export SPARK_LOCAL_IP=127.0.0.1 SPARK_MASTER_HOST=127.0.0.1 SPARK_PUBLIC_DNS=127.0.0.1

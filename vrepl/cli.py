@@ -5,7 +5,8 @@ an error, never a traceback; progress on long work). The work itself lives in th
 modules (vrepl.wal, ...); this module only calls them and prints.
 
 Exit codes (docs/operations.md): 0 success / clean, 1 the data is corrupt or a check found
-differences, 2 usage or input error (missing path, bad argument), 3 interrupted.
+differences, 2 usage or input error (missing path, bad argument), 3 interrupted, 8 in use
+(`vrepl node`: another process holds the data directory or listens on an address).
 """
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ from typing import Sequence
 
 import vrepl
 from vrepl.errors import ConfigError, VreplError
+from vrepl.untrusted import printable
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 3
+EXIT_IN_USE = 8        # a data directory (lock) or an address (port) is another process's
 
 
 class CliError(Exception):
@@ -38,7 +41,8 @@ class CliError(Exception):
 
 
 def _err(message: str) -> None:
-    print(f"vrepl: error: {message}", file=sys.stderr)
+    # A message may quote text from the network (a node's answer): one line, escaped.
+    print(f"vrepl: error: {printable(message)}", file=sys.stderr)
 
 
 def _preview(payload: bytes, limit: int = 32) -> str:
@@ -91,6 +95,9 @@ def cmd_wal_verify(args: argparse.Namespace) -> int:
 
     state = wal.verify(_require_dir(args.dir), args.max_record_bytes)
     files = len(state.files)
+    if not files:
+        # Nothing was verified: most likely the wrong directory (docs/wal-format.md).
+        raise CliError(f"{args.dir}: no WAL file found (no NNNNNNNNNNNN.wal)", EXIT_USAGE)
     if state.torn_tail is not None:
         t = state.torn_tail
         print(f"{t.describe()}; repairable with 'vrepl wal repair {args.dir}'", file=sys.stderr)
@@ -168,12 +175,19 @@ def cmd_wal_demo(args: argparse.Namespace) -> int:
 # node / status / demo / bench (docs/operations.md)
 
 def cmd_node(args: argparse.Namespace) -> int:
+    from vrepl.dirlock import DirInUseError
+    from vrepl.errors import ListenError
     from vrepl.node.config import load_config
     from vrepl.node.server import run_node
 
     cfg = load_config(args.config)     # ConfigError: one line, exit 2
     try:
         return run_node(cfg)
+    except DirInUseError as exc:
+        raise CliError(f"node {cfg.node_id}: cannot start: {exc}", EXIT_IN_USE) from None
+    except ListenError as exc:
+        raise CliError(f"node {cfg.node_id}: cannot start: {exc}",
+                       EXIT_IN_USE if exc.in_use else EXIT_CORRUPT) from None
     except OSError as exc:
         raise CliError(f"node {cfg.node_id}: cannot start: {exc.strerror or exc}"
                        f"{' (' + exc.filename + ')' if getattr(exc, 'filename', None) else ''}",
@@ -212,22 +226,22 @@ def node_access(args: argparse.Namespace) -> dict:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from vrepl.client import Client
-    from vrepl.node.demo import print_cluster_status
+    from vrepl.node.demo import make_console
+    from vrepl.node.statusview import fetch_status, run
 
-    client = Client([args.node], request_timeout_s=args.timeout, **node_access(args))
-    try:
-        try:
-            client.status(args.node)
-        except VreplError as exc:
-            raise CliError(f"{args.node}: {exc}", EXIT_CORRUPT) from None
-        cluster = client.cluster_status()
-    finally:
-        client.close()
-    if args.json:
-        print(json.dumps(cluster, indent=2))
-    else:
-        print_cluster_status(cluster)
+    if args.watch is not None and not args.watch > 0:
+        raise CliError(f"--watch must be a positive number of seconds, got {args.watch:g}")
+    if args.count is not None and args.count < 1:
+        raise CliError(f"--count must be positive, got {args.count}")
+    if not args.timeout > 0:
+        raise CliError(f"--timeout must be positive, got {args.timeout:g}")
+    access = node_access(args)
+    # The node named must answer: it is where the list of nodes comes from.
+    seed = fetch_status(args.node, args.timeout, access)
+    if seed["state"] != "up":
+        raise CliError(f"{args.node}: {seed['state']}: {seed['error']}", EXIT_CORRUPT)
+    run(args.node, args.timeout, as_json=args.json, watch_s=args.watch, count=args.count,
+        console=make_console(), client_kw=access)
     return EXIT_OK
 
 
@@ -248,6 +262,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+
+NODE_DESCRIPTION = """\
+Run one vrepl node in the foreground: it recovers every vgroup it hosts (archived files,
+then the WAL), replicates them with its peers and serves the HTTP client API. It prints
+one JSON "ready" line on stdout once it serves; logs go to log_file (default stderr).
+SIGTERM or SIGINT stops it gracefully (writes in flight finish, every vnode flushes)."""
+
+
+def _node_epilog() -> str:
+    import vrepl.node
+    here = os.path.dirname(os.path.abspath(vrepl.node.__file__))
+    return f"""\
+exit codes: 0 stopped by SIGTERM/SIGINT, 1 could not start (a corrupt WAL or file, an
+address not on this host), 2 bad configuration (one line naming the key), 8 in use (another
+process holds the data directory, or listens on the HTTP or replication address).
+
+example configuration: {os.path.join(here, "node.example.toml")}
+systemd unit:          {os.path.join(here, "vrepl-node.service")}
+docs: docs/operations.md (settings, exit codes, operations), docs/client-api.md (HTTP API)"""
+
+
+DEMO_DESCRIPTION = """\
+Start a 3-replica vgroup (quorum 2) as three `vrepl node` processes on 127.0.0.1 in a
+temporary directory, write rows through the client API, SIGKILL the master and time the
+election, keep writing through the new master, restart the old one until it caught up,
+compare every replica row by row, stop the nodes, and end with the Spark validation of
+the three replicas (needs Java 17+; skip it with --no-spark). Everything it started is
+stopped and removed, also on Ctrl-C or failure."""
+
+DEMO_EPILOG = """\
+exit codes: 0 the replicas agree, 1 they differ or a step failed (one line says which),
+2 the Spark validation cannot run here (no Java: apt-get install openjdk-17-jre-headless,
+or --no-spark), 3 interrupted.
+docs: docs/operations.md (`vrepl demo`), docs/validation.md (the Spark validation)"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vrepl", description="vrepl: master-slave replication for"
@@ -288,28 +337,46 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_wal_repair)
 
     demo = wsub.add_parser("demo", help="write, verify and read back generated rows")
-    demo.add_argument("--records", type=int, default=1_000_000)
-    demo.add_argument("--batch", type=int, default=1000)
-    demo.add_argument("--payload-bytes", type=int, default=128)
-    demo.add_argument("--durability", choices=["fsync", "group", "none"], default="group")
-    demo.add_argument("--max-file-mb", type=int, default=64)
+    demo.add_argument("--records", type=int, default=1_000_000, metavar="N",
+                      help="records written (1000000)")
+    demo.add_argument("--batch", type=int, default=1000, metavar="N",
+                      help="records per append, one fsync each (1000)")
+    demo.add_argument("--payload-bytes", type=int, default=128, metavar="B",
+                      help="payload bytes per record (128)")
+    demo.add_argument("--durability", choices=["fsync", "group", "none"], default="group",
+                      help="when appends reach the disk: fsync each, group commit, or never"
+                           " (group)")
+    demo.add_argument("--max-file-mb", type=int, default=64, metavar="MB",
+                      help="WAL file size before rotating to a new file (64)")
     demo.add_argument("--dir", help="WAL directory (default: a temporary one, removed after)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
     demo.set_defaults(func=cmd_wal_demo)
 
-    n = sub.add_parser("node", help="run a node (vnodes, replication, HTTP API)")
-    n.add_argument("--config", required=True, metavar="PATH", help="node.toml")
+    n = sub.add_parser("node", help="run a node (vnodes, replication, HTTP API)",
+                       description=NODE_DESCRIPTION, epilog=_node_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    n.add_argument("--config", required=True, metavar="PATH",
+                   help="the node's configuration file, node.toml (every setting and its"
+                        " default: docs/operations.md)")
     n.set_defaults(func=cmd_node)
 
-    st = sub.add_parser("status", help="the cluster as a table: roles, versions, lag")
+    st = sub.add_parser("status", help="every node of every vgroup: role, versions, lag, last"
+                        " heard, arbitrator")
     st.add_argument("--node", required=True, metavar="HOST:PORT", help="any node's HTTP address")
-    st.add_argument("--json", action="store_true", help="every node's status document")
-    st.add_argument("--timeout", type=float, default=3.0, help="seconds per request (3)")
+    st.add_argument("--json", action="store_true", help="the cluster view as JSON (with each"
+                    " node's status document); with --watch, one document per line")
+    st.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each node's"
+                    " answer (3); a node that accepts but does not answer in time is 'stalled'")
+    st.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                    help="refresh in place every SECONDS (2 when not given) until Ctrl-C")
+    st.add_argument("--count", type=int, default=None, metavar="N",
+                    help="with --watch: stop after N refreshes (default: until Ctrl-C)")
     add_node_access_options(st)
     st.set_defaults(func=cmd_status)
 
     dm = sub.add_parser("demo", help="3 replicas on loopback: write, kill the master, recover,"
-                        " compare")
+                        " compare", description=DEMO_DESCRIPTION, epilog=DEMO_EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     dm.add_argument("--rows", type=int, default=30_000, help="rows written before and after"
                     " the failover, each (30000)")
     dm.add_argument("--batch", type=int, default=100, help="rows per write request (100)")
@@ -323,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="load generator: concurrent clients against a vgroup")
     b.add_argument("--nodes", help="HTTP addresses (host:port,...); default: start a local"
                    " 3-replica cluster (quorum 2) in a temporary directory")
-    b.add_argument("--vgroup", type=int, default=1)
+    b.add_argument("--vgroup", type=int, default=1, metavar="N", help="vgroup written (1)")
     b.add_argument("--clients", type=int, default=16, help="concurrent clients (16)")
     b.add_argument("--batch", type=int, default=100, help="rows per request (100)")
     b.add_argument("--row-bytes", type=int, default=100, help="approximate JSON bytes per row (100)")
@@ -336,6 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        import vrepl._core  # noqa: F401  (an unbuilt source tree: one line, exit 2)
+    except ImportError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
     parser = build_parser()
     args = parser.parse_args(argv)
     # The library logs what it does (a repair, say); the CLI prints its own one-line summary,

@@ -7,6 +7,9 @@ exceptions; these are for the edges (files, sockets, configuration, command line
 """
 from __future__ import annotations
 
+import errno
+import os
+
 
 class VreplError(Exception):
     """Base of every error vrepl raises on purpose."""
@@ -61,3 +64,20 @@ class TornTailError(WalError):
 
 class VersionError(VreplError, ValueError):
     """A record whose version does not follow the last one (versions go up by exactly 1)."""
+
+
+class ListenError(VreplError, OSError):
+    """A server could not listen on its address: in use by another process (`in_use`), not
+    an address of this host, or a privileged port."""
+
+    def __init__(self, address: str, what: str, cause: OSError):
+        self.address = address
+        self.what = what                 # "HTTP API", "replication"
+        self.in_use = cause.errno == errno.EADDRINUSE
+        hint = ": another process listens there" if self.in_use else ""
+        # asyncio's own message repeats the address: the errno's text is enough.
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        super().__init__(cause.errno, f"cannot listen on {address} ({what}): {reason}{hint}")
+
+    def __str__(self) -> str:  # OSError's __str__ would show "[Errno N]"
+        return str(self.strerror)

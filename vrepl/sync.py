@@ -31,6 +31,7 @@ import os
 import threading
 import time
 from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Callable
@@ -98,6 +99,17 @@ core_log = logging.getLogger("vrepl.replica")
 ForwardStatus = ConfirmStatus  # ok / failed / timed_out / not_master, as confirm_forward reports
 PEER_MESSAGE_TYPES = (Status, Heartbeat, Forward, ForwardBatch, ForwardAck, SyncRequest, TruncateRequest, SyncStart, Commit)
 MAX_CATCH_UP_TICKS = 10_000  # after a long stall (SIGSTOP), ticks are replayed up to this many
+# Forward times kept for the per-peer lag in ms (one per run of forwards; halved when full).
+SENT_TIMES_MAX = 4096
+CONFIRM_TIMES_MAX = 1 << 17
+_monotonic = time.monotonic
+# Replica log lines (Log actions) that carry an event name in JSON logs (vrepl/logsetup.py):
+# the first words of the text after the "vgX nY eZ: " prefix.
+_CORE_EVENTS = (("election ", "election"), ("became master", "election_won"),
+                ("master steps down", "step_down"), ("unsynced", "unsynced"),
+                ("arbitrator refused", "arbitrator_refused"), ("arbitrator lease expired", "lease_expired"),
+                ("peer n", "peer"), ("restore", "restore"), ("truncating", "truncation"),
+                ("sync request", "resync"))
 
 
 def batch_bounds(payloads: "list[bytes] | tuple[bytes, ...]", max_records: int, max_bytes: int) -> list[tuple[int, int]]:
@@ -122,6 +134,15 @@ def batch_bounds(payloads: "list[bytes] | tuple[bytes, ...]", max_records: int, 
         out.append((start, end))
         start = end
     return out
+
+
+def core_event(text: str) -> str:
+    """The event name of a replica log line (docs/operations.md §Logs), "replica" if none."""
+    body = text.split(": ", 1)[-1]
+    for start, event in _CORE_EVENTS:
+        if body.startswith(start):
+            return event
+    return "replica"
 
 
 class NotRunningError(VreplError, RuntimeError):
@@ -169,11 +190,24 @@ class SyncCallbacks:
     notify_restore: Callable[[str, str], Any] | None = None
 
 
+@dataclass
+class SyncObservers:
+    """Per-event measurements an embedding app may collect (the node feeds Prometheus
+    histograms with them, docs/operations.md §Metrics). Each is called once per batch, never
+    per record: `confirm_latency_s(seconds)` on the I/O thread for each run of forwards
+    confirmed OK (from the forward() call that started the run to its confirmation);
+    `wal_fsync_s(seconds)` on the WAL thread for each group commit (write + fdatasync)."""
+
+    confirm_latency_s: Callable[[float], Any] | None = None
+    wal_fsync_s: Callable[[float], Any] | None = None
+
+
 class SyncInstance:
     """Replication of one vgroup on this node. start(), then forward()/ack_forward(), stop()."""
 
     def __init__(self, config: SyncConfig, callbacks: SyncCallbacks | None = None, *,
-                 restore: RestoreConfig | None = None, **callback_kwargs: Any) -> None:
+                 restore: RestoreConfig | None = None, observers: SyncObservers | None = None,
+                 **callback_kwargs: Any) -> None:
         reason = sync_config_invalid(config)
         if reason:
             raise ConfigError(f"vg{config.vgroup_id}: {reason}")
@@ -185,6 +219,7 @@ class SyncInstance:
             raise TypeError("pass callbacks either as a SyncCallbacks or as keywords, not both")
         self.cfg = config
         self.cb = callbacks or SyncCallbacks(**callback_kwargs)
+        self.observers = observers or SyncObservers()
         self.node = config.me.node
         self._addr_by_node: dict[int, ReplicaAddress] = {r.node: r for r in config.replicas}
         self.replica: Replica | None = None
@@ -211,6 +246,7 @@ class SyncInstance:
         # The app-facing queue (any thread, under _qlock).
         self._qlock = threading.Lock()
         self._runs: list[tuple[int, list[bytes]]] = []
+        self._run_times: list[float] = []  # monotonic time each run of _runs began (forward())
         self._run_next: int | None = None  # the version that extends the last run in _runs
         self._queued = 0
         self._max_inflight = config.max_inflight_forwards  # reconfig() cannot change it
@@ -224,6 +260,18 @@ class SyncInstance:
         self._backup_sessions: set[Any] = set()
         self._receiver_session: Any = None
         self.last_restore_error = ""
+        # Observability (docs/operations.md §Metrics), all on the I/O thread. _sent_first[i]
+        # is the first version of a run of forwards taken at _sent_at[i] (a master's; the
+        # first entry, version 0, is when it became master): a peer that acked up to v has
+        # waited since the entry holding v + 1. _confirm_times: (last version of a run, time
+        # its first forward() was called), popped as the runs are confirmed.
+        self._sent_first: list[int] = []
+        self._sent_at: list[float] = []
+        self._confirm_times: deque[tuple[int, float]] = deque(maxlen=CONFIRM_TIMES_MAX)
+        self._last_heard: dict[int, float] = {}  # peer node -> monotonic time of its last frame
+        self._role_since = _monotonic()
+        self.role_changes: dict[str, int] = {}  # role entered -> times
+        self.epochs_promised = 0  # PersistPromisedEpoch: each epoch this replica took part in
         self.restore_counters: dict[str, int] = dict.fromkeys(
             ("sender_sessions", "sender_ok", "sender_failed", "receiver_sessions", "receiver_ok", "receiver_failed",
              "files_sent", "file_bytes_sent", "wal_records_sent", "files_received", "file_bytes_received",
@@ -264,6 +312,7 @@ class SyncInstance:
             on_durable=self._wal_durable_threadsafe,
             on_truncated=self._wal_truncated_threadsafe,
             on_error=self._wal_error_threadsafe,
+            on_group_commit=self.observers.wal_fsync_s,
             name=f"vrepl-wal-vg{cfg.vgroup_id}",
         )
         os.makedirs(cfg.data_path, exist_ok=True)
@@ -285,6 +334,7 @@ class SyncInstance:
         except BaseException:
             self.store.close()
             self.io.release()
+            self.io = None      # released: a later stop() must not release it again
             self._state = "failed"
             raise
         return self
@@ -309,6 +359,7 @@ class SyncInstance:
                 self._runs[-1][1].append(payload)
             else:
                 self._runs.append((version, [payload]))
+                self._run_times.append(_monotonic())  # once per run, not per record
             self._run_next = version + 1
             self._queued = queued + 1
             if self._signalled:
@@ -344,6 +395,7 @@ class SyncInstance:
                 self._runs[-1][1].extend(payloads)
             else:
                 self._runs.append((first_version, list(payloads)))
+                self._run_times.append(_monotonic())
             self._run_next = first_version + n
             self._queued += n
             if self._signalled:
@@ -532,6 +584,7 @@ class SyncInstance:
         # Nothing queued or pending will be confirmed now: say so.
         with self._qlock:
             runs, self._runs, self._queued, self._run_next = self._runs, [], 0, None
+            self._run_times = []
         for first, payloads in runs:
             self._confirm(first, first + len(payloads) - 1, ConfirmStatus.FAILED)
         if self.replica is not None and self.replica.window is not None:
@@ -668,6 +721,7 @@ class SyncInstance:
         node = conn.peer_node
         if self._conns.get(node) is not conn:  # type: ignore[arg-type]
             return  # a replaced connection still draining
+        self._last_heard[node] = _monotonic()  # type: ignore[index]  # once per read, not per frame
         replica = self.replica
         assert replica is not None
         for msg in msgs:
@@ -717,6 +771,7 @@ class SyncInstance:
             if not self._signalled:
                 return
             runs, self._runs = self._runs, []
+            run_times, self._run_times = self._run_times, []
             self._run_next = None
             self._queued = 0
             self._signalled = False
@@ -732,7 +787,14 @@ class SyncInstance:
             self._execute(replica.step(AppAcked(acked)))
         max_records = self.cfg.max_batch_records
         max_bytes = self.cfg.max_batch_bytes
-        for first, payloads in runs:
+        master = self._role == Role.MASTER
+        for (first, payloads), began in zip(runs, run_times):
+            if master:  # per run: the lag in ms and the confirm latency (§Metrics)
+                self._sent_first.append(first)
+                self._sent_at.append(began)
+                self._confirm_times.append((first + len(payloads) - 1, began))
+                if len(self._sent_first) > SENT_TIMES_MAX:
+                    self._prune_sent()
             self.counters["forwards"] += len(payloads)
             total = sum(map(len, payloads))
             self.counters["forward_bytes"] += total
@@ -770,8 +832,34 @@ class SyncInstance:
         for _ in range(max(due, 1)):
             self._ticks += 1
             self._execute(self.replica.tick())
+        if len(self._sent_first) > 1:
+            self._prune_sent()
         self._tick_handle = self.loop.call_at(self._t0 + (self._ticks + 1) * self._tick_s, self._on_tick)
         self._after()
+
+    def _prune_sent(self) -> None:
+        """Forget the forward times of runs every peer has acked (docs/operations.md
+        §Metrics, lag in ms); if a peer stays far behind, keep every other one."""
+        first, at = self._sent_first, self._sent_at
+        peers = self.replica.peers if self.replica is not None else None
+        if peers:
+            lowest = min(p.acked_version for p in peers.values())
+            i = bisect_right(first, lowest + 1) - 1
+            if i > 0:
+                del first[:i]
+                del at[:i]
+        if len(first) > SENT_TIMES_MAX:
+            # A dropped run's records count from the run before it: the lag in ms of a peer
+            # that far behind is over-estimated by at most the gap between two kept runs.
+            self._sent_first, self._sent_at = first[::2], at[::2]
+
+    def _lag_ms(self, acked: int, last: int, now: float) -> int:
+        """How long the oldest record `acked` lacks (this master's log ends at `last`) has
+        waited since its forward(), in ms; 0 when nothing is missing."""
+        if acked >= last or not self._sent_first:
+            return 0
+        i = max(0, bisect_right(self._sent_first, acked + 1) - 1)
+        return round((now - self._sent_at[i]) * 1000)
 
     # -- from the WAL thread ---------------------------------------------------------------------
 
@@ -850,7 +938,9 @@ class SyncInstance:
                 elif t is WriteToCacheBatch:
                     self._write_to_cache(action.first_version, action.payloads)
                 elif t is Log:
-                    core_log.log(int(action.level), action.text)
+                    level = int(action.level)
+                    if core_log.isEnabledFor(level):
+                        core_log.log(level, action.text, extra={"event": core_event(action.text)})
                 elif t is PersistRecords:
                     recs = action.records
                     block = _wire.encode_records(recs[0].version, [r.epoch for r in recs], [r.payload for r in recs])
@@ -863,6 +953,7 @@ class SyncInstance:
                     # Durable before any later Send of this list is written (ordering contract):
                     # sends are only queued until the batch ends, and this returns after fsync.
                     self.store.persist_promise(action.epoch, action.master)  # type: ignore[union-attr]
+                    self.epochs_promised += 1
                 elif t is TruncateWalAfter:
                     self.store.truncate_after(action.version)  # type: ignore[union-attr]
                 elif t is StreamWalFrom:
@@ -900,6 +991,15 @@ class SyncInstance:
 
     def _confirm(self, first: int, last: int, status: ConfirmStatus) -> None:
         self.counters["confirmed_" + status.describe()] += last - first + 1
+        times = self._confirm_times
+        if times and times[0][0] <= last:
+            # Runs confirmed: one latency per run whose last record is now decided.
+            observe = self.observers.confirm_latency_s if status == ConfirmStatus.OK else None
+            now = _monotonic()
+            while times and times[0][0] <= last:
+                began = times.popleft()[1]
+                if observe is not None:
+                    observe(now - began)
         cb = self.cb
         if cb.confirm_forward_range is not None:
             self._callback(cb.confirm_forward_range, first, last, status)
@@ -928,9 +1028,26 @@ class SyncInstance:
             self.ack_forward(first + len(payloads) - 1)
 
     def _on_notify_role(self, action: NotifyRole) -> None:
+        before, now = self._role, _monotonic()
+        in_role_ms = round((now - self._role_since) * 1000)
+        self._role_since = now
         self._role = action.role
         self._epoch = action.epoch
         self._master = None if action.master == NO_NODE else action.master
+        role = action.role.describe()
+        self.role_changes[role] = self.role_changes.get(role, 0) + 1
+        self._sent_first.clear()
+        self._sent_at.clear()
+        self._confirm_times.clear()
+        if action.role == Role.MASTER:
+            # Whatever a peer lacks from before this node's first forward, it has lacked
+            # since this node became master.
+            self._sent_first.append(0)
+            self._sent_at.append(now)
+        log.info("%s: role %s -> %s, epoch %d, master %s (%d ms as %s)", self.log_prefix(), before.describe(),
+                 role, action.epoch, f"n{self._master}" if self._master is not None else "none", in_role_ms,
+                 before.describe(), extra={"event": "role_change", "role": role, "previous_role": before.describe(),
+                                           "master": self._master, "previous_role_ms": in_role_ms})
         self._callback(self.cb.notify_role, action.role.describe(), action.epoch, self._master)
 
     def _update_flow(self) -> None:
@@ -1163,10 +1280,28 @@ class SyncInstance:
                 frames_received=conn.frames_received,
                 send_queue_bytes=conn.transport.get_write_buffer_size() if conn.transport else 0,
             )
+        now = _monotonic()
+        master = r.role == Role.MASTER
+        for i, node in enumerate(r.nodes):
+            if i == r.me:
+                continue
+            p = peers.setdefault(node, {})
+            heard = self._last_heard.get(node)
+            # docs/client-api.md §Status: ms since a frame last came from the peer (None:
+            # never, since start), and on the master the age of its oldest unacked record.
+            p["last_heard_ms"] = None if heard is None else round((now - heard) * 1000)
+            p["lag_ms"] = self._lag_ms(p.get("acked_version", 0), r.last_version, now) if master else None
+        lease = None
+        if r.grant_epoch and r.lease_until_tick > r.now_tick:
+            lease = {"epoch": r.grant_epoch, "remaining_ms": (r.lease_until_tick - r.now_tick) * self.cfg.tick_ms}
         with self._qlock:
             queued = self._queued
         return {
             **core,
+            "role_ms": round((now - self._role_since) * 1000),
+            "role_changes": dict(self.role_changes),
+            "epochs_promised": self.epochs_promised,
+            "arbitrator_lease": lease,
             "sync": dict(self.counters),
             "queued_forwards": queued,
             "committed_version": self._committed,

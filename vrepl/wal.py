@@ -18,9 +18,11 @@ verified.
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import re
+import stat
 import struct
 import threading
 import time
@@ -153,7 +155,7 @@ def _read_index(directory: str, wf: WalFile) -> tuple[int, int, np.ndarray] | No
     # anything longer is not read (no allocation driven by a damaged file).
     limit = _IDX_HEADER.size + 4 + 8 * (wf.size // (HEADER_SIZE * INDEX_STRIDE_RECORDS) + 1)
     try:
-        with open(path, "rb") as fh:
+        with open(open_regular(path), "rb") as fh:  # a FIFO or symlink index: ignored
             if os.fstat(fh.fileno()).st_size > limit:
                 return None
             body = fh.read(limit)
@@ -177,8 +179,37 @@ def _read_index(directory: str, wf: WalFile) -> tuple[int, int, np.ndarray] | No
 # ---------------------------------------------------------------------------------------------
 # Inspection: list the files, check contiguity, classify the end of the last file.
 
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of `path` if it is a regular file; WalError otherwise. Opened
+    with O_NONBLOCK | O_NOFOLLOW, so a FIFO or a symlink put there since it was listed can
+    never block or redirect the read, and checked with fstat before anything is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WalError(f"{path}: not a regular file (a symlink); refused", path) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise WalError(f"{path}: not a regular file ({_file_kind(mode)}); refused", path)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def list_wal_files(directory: str) -> list[WalFile]:
-    """The WAL files of a directory in index order; WalError if indexes are not contiguous."""
+    """The WAL files of a directory in index order; WalError if indexes are not contiguous
+    or a name of a WAL file is not a regular file (a FIFO, a symlink, a device: refused,
+    never opened)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -190,7 +221,11 @@ def list_wal_files(directory: str) -> list[WalFile]:
         m = WAL_NAME.match(name)
         if m:
             path = os.path.join(directory, name)
-            files.append(WalFile(int(m.group(1)), path, os.path.getsize(path)))
+            # lstat, never open: opening a FIFO for reading blocks until a writer comes.
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise WalError(f"{path}: not a regular file ({_file_kind(st.st_mode)}); refused", path)
+            files.append(WalFile(int(m.group(1)), path, st.st_size))
     files.sort(key=lambda f: f.index)
     for prev, cur in zip(files, files[1:]):
         if cur.index != prev.index + 1:
@@ -272,7 +307,7 @@ def _scan_file(wf: WalFile, start: int, expect: int, max_record: int,
     """
     pos = start
     carry = b""
-    with open(wf.path, "rb") as fh:
+    with open(open_regular(wf.path), "rb") as fh:
         fh.seek(start)
         while True:
             chunk = fh.read(READ_CHUNK_BYTES)

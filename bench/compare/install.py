@@ -10,7 +10,8 @@ import importlib
 import os
 import shutil
 import subprocess
-import sys
+
+from vrepl.child import python_argv
 
 _apt_updated = False
 
@@ -60,7 +61,7 @@ def ensure_pip(module: str, dist: str, allow_install: bool = True) -> str | None
     if not allow_install:
         return f"Python module {module} missing and --no-install given (pip install {dist})"
     print(f"[install] pip install {dist}", flush=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", dist],
+    proc = subprocess.run(python_argv("-m", "pip", "install", "-q", dist),
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:]

@@ -21,7 +21,20 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from vrepl.child import python_argv
+
 _PR_SET_PDEATHSIG = 1
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench_module_argv(module: str, *args: str) -> list[str]:
+    """argv running `python -m <module> args` for a module of bench/ (not installed): the
+    child gets no current directory on sys.path (vrepl.child.python_argv) and this
+    checkout's root appended after site-packages, so it imports the installed vrepl and
+    finds bench here, wherever it was started from."""
+    boot = (f"import runpy, sys; sys.path.append({str(REPO_ROOT)!r});"
+            f" runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return python_argv("-c", boot, *args)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

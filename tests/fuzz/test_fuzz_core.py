@@ -109,8 +109,12 @@ def test_target_catches_a_planted_crash(monkeypatch):
 def test_atheris_short_run(name, tmp_path):
     pytest.importorskip("atheris")
     runs = "3000" if name == "wal_directory" else "30000"
+    corpus = tmp_path / "corpus"    # the seeds, and what libFuzzer adds (the test's own dir)
+    corpus.mkdir()
+    for i, seed in enumerate(fuzz_targets.seeds()):
+        (corpus / f"seed{i}").write_bytes(seed)
     proc = subprocess.run([sys.executable, "-m", "vrepl.testing.fuzz", name, f"-runs={runs}",
-                           "-rss_limit_mb=1024", "-timeout=10"],
+                           "-rss_limit_mb=1024", "-timeout=10", str(corpus)],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DONE" in proc.stderr

@@ -225,7 +225,8 @@ def test_cli_status_with_token_and_tls(secure, files):
     ep = ep_of(secure)
     p = vrepl("status", "--node", ep, "--token-file", token_file, "--cacert", tls.ca, "--json")
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)[ep]["node"] == 1
+    view = json.loads(p.stdout)
+    assert view["nodes"]["1"]["state"] == "up" and view["nodes"]["1"]["status"]["node"] == 1
     p = vrepl("status", "--node", ep, "--token-file", token_file, "--cacert", tls.ca)
     assert p.returncode == 0 and "master" in p.stdout
     p = vrepl("status", "--node", ep, "--cacert", tls.ca)          # no token

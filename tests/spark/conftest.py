@@ -39,8 +39,9 @@ def replicas(base_replica, tmp_path) -> list[str]:
 def spark(tmp_path_factory):
     if SKIP:
         pytest.skip(SKIP)
-    from vrepl.spark.session import start_session
+    from vrepl.spark.session import start_session, stop_jvm
     log = str(tmp_path_factory.mktemp("spark") / "spark.log")
     session = start_session("local[2]", log_path=log)
     yield session
     session.stop()
+    stop_jvm()    # its temporary directories (in the session's TMPDIR) go with it

@@ -65,3 +65,16 @@ def test_vgroup_argument_and_specs(tmp_path):
         (1, 1, str(tmp_path / "a")), (2, 1, str(tmp_path / "b"))]
     with pytest.raises(ValueError, match="only local paths"):
         make_specs({1: ["hdfs://nn/x"]})
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_named_like_a_wal_file_is_an_input_error_not_a_hang(tmp_path):
+    # Read on the driver before Spark starts: a plain open() of the FIFO would block forever.
+    import os
+
+    from vrepl.spark.inputs import load_replica
+    from vrepl.spark.model import InputError
+    (tmp_path / "wal").mkdir()
+    os.mkfifo(tmp_path / "wal" / "000000000000.wal")
+    with pytest.raises(InputError, match=r"wal/000000000000.wal: not a regular file; refused"):
+        load_replica(ReplicaSpec(1, 1, str(tmp_path)))

@@ -64,7 +64,7 @@ def test_spark_submit_to_standalone_cluster(replicas, tmp_path):
              "--conf", "spark.driver.bindAddress=127.0.0.1",
              "--conf", "spark.ui.enabled=false",
              "--conf", "spark.executor.memory=512m",
-             "--driver-java-options", f"-Dlog4j2.configurationFile=file:{log4j2_config_path()}",
+             "--driver-java-options", f"-Dlog4j2.configurationFile=file:{log4j2_config_path(directory=str(tmp_path))}",
              entry, *replicas, "--out", str(out), "--json"],
             capture_output=True, text=True, timeout=240,
             env=dict(env, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_DRIVER_PYTHON=sys.executable))

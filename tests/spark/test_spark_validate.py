@@ -1,6 +1,6 @@
 """The validation job end to end on one shared local[2] session (issue 6, Tests).
 
-One job validates eleven vgroups at once, each a copy of the same vnode data path with one
+One job validates twelve vgroups at once, each a copy of the same vnode data path with one
 planted fault in one replica (vgroup 1 is clean); every test then checks that its vgroup's
 fault, and only it, is reported. One Spark run keeps the suite fast; each vgroup is
 compared independently, so a fault cannot hide another.
@@ -28,7 +28,7 @@ CPU_B0 = T0 // DAY_MS           # bucket of the cpu/disk file holding batches 3,
 CPU_B1 = CPU_B0 + 1             # batches 1, 4, 7, 10 (and batch 14's overwrite)
 FAULTS = ["clean", "missing_row", "extra_row", "changed_value", "version_gap",
           "duplicate_version", "corrupted_file", "two_epochs", "schema_mismatch",
-          "corrupt_parquet", "truncated_wal"]
+          "corrupt_parquet", "truncated_wal", "duplicate_row"]
 VG = {name: i + 1 for i, name in enumerate(FAULTS)}
 
 
@@ -85,6 +85,11 @@ def plant(name: str, reps: list[str]) -> None:
         open(os.path.join(n2, *f["name"].split("/")), "wb").write(junk)
         f["size"], f["magic"] = len(junk), file_magic(junk)
         save_manifest(n2, doc)
+    elif name == "duplicate_row":   # replica 2's file holds ts = T0 + 3000 twice (counts updated)
+        def twice(t):
+            ts = pc.cast(t.column("ts"), pa.int64())
+            return pa.concat_tables([t, t.filter(pc.equal(ts, T0 + 3000))])
+        rewrite_file(n2, "cpu", CPU_B0, twice)
     elif name == "truncated_wal":   # replica 2's WAL ends 10 bytes into its last record
         path = wal_file(n2)
         with open(path, "r+b") as fh:
@@ -129,7 +134,7 @@ def only(report, vgroup: int, check: str):
 def test_all_faults_found_and_counts_exact(faults):
     report, _ = faults
     assert report.exit_code == 1
-    assert set(report.checks["rows"].kinds) == {"missing", "extra", "differing"}
+    assert set(report.checks["rows"].kinds) == {"missing", "extra", "differing", "duplicate"}
     assert report.checks["epochs"].kinds == {"two_epochs": 1}
     assert report.checks["files"].kinds == {"magic_mismatch": 1, "corrupt_parquet": 1}
 
@@ -165,6 +170,20 @@ def test_changed_value(faults):
     assert (f.replica, f.details["ts"]) == (2, T0 + 6001)
     assert json.loads(f.details["values"])["x"] == 0
     assert json.loads(f.details["ref_values"])["x"] == 601
+
+
+def test_duplicate_row_in_one_replica(faults):
+    # The same (table, ts) twice in one file, the manifest's counts updated so the files
+    # check passes: the digests differ, yet every copy equals the reference row (issue 14).
+    from vrepl.spark.validate import _row_finding
+    report, _ = faults
+    assert found(report, VG["duplicate_row"]) == {"rows": {"duplicate": 1}}
+    # The examples kept (100) end before the last vgroup's: read its rows from the diffs.
+    (d,) = report.row_diffs.filter(pc.equal(report.row_diffs.column("vgroup"), VG["duplicate_row"])).to_pylist()
+    assert (d["kind"], d["replica"], d["table"], d["ts"]) == ("duplicate", 2, "cpu", T0 + 3000)
+    assert (d["version"], d["ref_replica"], d["ref_version"]) == (3, 1, 3)
+    assert json.loads(d["values"]) == json.loads(d["ref_values"]) == {"x": 300, "y": 0.75}
+    assert "held more than once by this replica" in _row_finding(d).describe()
 
 
 def test_version_gap(faults):

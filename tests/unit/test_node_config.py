@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import pytest
 
+import os
+
+import vrepl.node
 from vrepl.errors import ConfigError
-from vrepl.node.config import parse_config
+from vrepl.node.config import load_config, parse_config
+from vrepl.restore.config import RestoreConfig
 
 
 def base(**over):
@@ -27,6 +31,12 @@ def test_defaults():
     assert cfg.vnode.memtable_max_rows == 1_000_000
     sc = cfg.sync_config(cfg.vgroups[0])
     assert sc.self_index == 0 and sc.quorum == 2 and sc.data_path.endswith("vg1")
+    assert (cfg.log_format, cfg.log_file) == ("text", None)
+
+
+def test_log_settings_relative_to_the_config_file():
+    cfg = parse_config(base(log_format="json", log_file="logs/n1.log"), "/etc/vrepl/node.toml")
+    assert (cfg.log_format, cfg.log_file) == ("json", "/etc/vrepl/logs/n1.log")
 
 
 ROUTABLE = [{"id": 1, "replication": "10.0.0.1:7001", "http": "10.0.0.1:7101"},
@@ -91,6 +101,7 @@ BAD = [
     ({"node_id": 9}, "node_id 9 is not in [[nodes]]"),
     ({"secret": ""}, "secret"),
     ({"log_level": "LOUD"}, "log_level"),
+    ({"log_format": "xml"}, "log_format 'xml' is not one of text, json"),
     ({"bogus": 1}, "unknown setting bogus"),
     ({"http": {"max_body_bytes": 0}}, "http.max_body_bytes must be > 0"),
     ({"http": {"listen": "nowhere"}}, "http.listen 'nowhere' is not host:port"),
@@ -99,6 +110,12 @@ BAD = [
     ({"vnode": {"memtable_max_rows": "many"}}, "vnode.memtable_max_rows must be int"),
     ({"sync": {"tick_ms": "fast"}}, "sync.tick_ms must be int"),
     ({"sync": {"nope": 1}}, "unknown setting sync.nope"),
+    ({"restore": {"io_timeout_s": 0}}, "restore.io_timeout_s must be > 0"),
+    ({"restore": {"max_concurrent_restores": 0}}, "restore.max_concurrent_restores must be >= 1"),
+    ({"restore": {"enabled": 1}}, "restore.enabled must be bool"),
+    ({"restore": {"connect_timeout_s": "5"}}, "restore.connect_timeout_s must be float"),
+    ({"restore": {"speed": 1}}, "unknown setting restore.speed"),
+    ({"restore": 3}, "[restore] must be a table"),
     ({"vgroups": [{"id": 1, "replicas": [1, 2, 7]}]}, "node 7 is not in [[nodes]]"),
     ({"vgroups": [{"id": 1, "replicas": [2, 3]}]}, "do not include this node"),
     ({"vgroups": [{"id": 1, "replicas": [1, 2, 3], "quorum": 5}]}, "quorum 5"),
@@ -113,3 +130,37 @@ def test_wrong_setting_is_one_line_naming_it(over, words):
     with pytest.raises(ConfigError) as exc:
         parse_config(base(**over))
     assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_restore_settings_reach_every_vgroup():
+    cfg = parse_config(base(restore={"min_lag_versions": 50, "io_timeout_s": 7,
+                                     "poll_interval_s": 0.5, "allow_backup": False}))
+    assert cfg.restore == RestoreConfig(min_lag_versions=50, io_timeout_s=7.0,
+                                        poll_interval_s=0.5, allow_backup=False)
+    assert parse_config(base()).restore == RestoreConfig()
+
+
+EXAMPLE = os.path.join(os.path.dirname(vrepl.node.__file__), "node.example.toml")
+
+
+def test_the_shipped_example_is_valid_and_shows_the_defaults(tmp_path):
+    """vrepl/node/node.example.toml (installed with the package, named by `vrepl node
+    --help`) loads, and every setting it writes out is the default."""
+    text = open(EXAMPLE).read()
+    secret_line = 'secret_file = "/etc/vrepl/cluster.secret"'
+    assert secret_line in text
+    (tmp_path / "cluster.secret").write_text("s3cret\n")
+    path = tmp_path / "node.toml"
+    path.write_text(text.replace(secret_line, 'secret_file = "cluster.secret"'))
+    cfg = load_config(str(path))
+    assert (cfg.node_id, cfg.data_dir, cfg.secret) == (1, "/var/lib/vrepl", b"s3cret")
+    assert [n.replication_endpoint for n in cfg.nodes.values()] == [
+        "10.0.0.1:6101", "10.0.0.2:6101", "10.0.0.3:6101"]
+    assert [(g.id, g.replicas) for g in cfg.vgroups] == [(1, (1, 2, 3))]
+    defaults = parse_config(base())
+    for section in ("http", "vnode", "restore"):
+        assert getattr(cfg, section) == getattr(defaults, section), section
+    default_sync = defaults.sync_config(defaults.vgroups[0])
+    assert cfg.sync and {k: getattr(default_sync, k) for k in cfg.sync} == cfg.sync
+    assert (cfg.log_level, cfg.log_file, cfg.flush_check_ms, cfg.stop_timeout_ms) == (
+        defaults.log_level, defaults.log_file, defaults.flush_check_ms, defaults.stop_timeout_ms)

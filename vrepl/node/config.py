@@ -2,10 +2,11 @@
 
 Owns: reading node.toml into a NodeConfig (this node's id, data directory, cluster secret,
 logging, the HTTP API's limits, deadlines, bearer token and TLS files, the cluster's node
-table, the vgroups this node hosts, the vnode settings and the sync tunables), with every
-setting's default, and the one-line reason a setting is refused (`ConfigError` naming the
-file and the key); secret, token and TLS files are read here so that a bad one stops the node
-before it starts anything. Must not: open sockets, create directories or start anything.
+table, the vgroups this node hosts, the vnode settings, the sync tunables and the restore
+limits), with every setting's default, and the one-line reason a setting is refused
+(`ConfigError` naming the file and the key); secret, token and TLS files are read here so
+that a bad one stops the node before it starts anything. Must not: open sockets, create
+directories or start anything.
 """
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ from typing import Any
 from vrepl.client import read_token_file
 from vrepl.config import SyncConfig, parse_endpoint, sync_config_invalid
 from vrepl.errors import ConfigError
+from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS
 from vrepl.node.http import server_ssl_context
+from vrepl.restore.config import RestoreConfig, restore_config_invalid
 from vrepl.vnode.config import VnodeConfig, config_invalid as vnode_config_invalid
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # SyncConfig fields the node sets itself; everything else may be tuned under [sync].
 _SYNC_FIXED = {"vgroup_id", "replicas", "self_index", "data_path", "secret", "quorum",
                "arbitrator", "initial_version", "initial_epoch"}
 SYNC_TUNABLES = {f.name: f for f in dataclasses.fields(SyncConfig) if f.name not in _SYNC_FIXED}
 VNODE_SETTINGS = {f.name: f for f in dataclasses.fields(VnodeConfig)}
+# [restore]: every RestoreConfig field, by the name of its type ("bool", "int", "float").
+RESTORE_SETTINGS = {f.name: str(f.type) for f in dataclasses.fields(RestoreConfig)}
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,10 @@ class NodeConfig:
     http: HttpSettings = field(default_factory=HttpSettings)
     vnode: VnodeConfig = field(default_factory=VnodeConfig)
     sync: dict[str, Any] = field(default_factory=dict)
+    restore: RestoreConfig = field(default_factory=RestoreConfig)
     log_level: str = "INFO"
     log_file: str | None = None
+    log_format: str = "text"               # "text" or "json" (docs/operations.md §Logs)
     flush_check_ms: int = 1000
     stop_timeout_ms: int = 5000
 
@@ -177,8 +183,8 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     """NodeConfig from a parsed TOML document; ConfigError (one line) if a setting is wrong."""
     base_dir = os.path.dirname(os.path.abspath(path))
     _unknown(doc, {"node_id", "data_dir", "secret", "secret_file", "log_level", "log_file",
-                   "flush_check_ms", "stop_timeout_ms", "http", "nodes", "vgroups", "vnode",
-                   "sync"}, "")
+                   "log_format", "flush_check_ms", "stop_timeout_ms", "http", "nodes", "vgroups",
+                   "vnode", "sync", "restore"}, "")
     if "node_id" not in doc:
         raise ConfigError("node_id is missing")
     node_id = _get(doc, "node_id", int, None, "")
@@ -206,6 +212,11 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
     log_file = _get(doc, "log_file", str, None, "") or None
+    if log_file and not os.path.isabs(log_file):
+        log_file = os.path.join(base_dir, log_file)
+    log_format = _get(doc, "log_format", str, "text", "")
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     flush_check_ms = _positive(_get(doc, "flush_check_ms", int, 1000, ""), "flush_check_ms")
     stop_timeout_ms = _positive(_get(doc, "stop_timeout_ms", int, 5000, ""), "stop_timeout_ms")
 
@@ -329,9 +340,11 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     for name in s:
         want = bool if name == "app_ack_required" else int
         svals[name] = _get(s, name, want, None, "sync.")
+    rcfg = _restore_settings(doc.get("restore", {}))
     cfg = NodeConfig(path=path, node_id=node_id, data_dir=data_dir, secret=secret, nodes=nodes,
-                     vgroups=tuple(vgroups), http=http, vnode=vcfg, sync=svals,
-                     log_level=log_level, log_file=log_file, flush_check_ms=flush_check_ms,
+                     vgroups=tuple(vgroups), http=http, vnode=vcfg, sync=svals, restore=rcfg,
+                     log_level=log_level, log_file=log_file, log_format=log_format,
+                     flush_check_ms=flush_check_ms,
                      stop_timeout_ms=stop_timeout_ms)
     for spec in cfg.vgroups:
         reason = sync_config_invalid(cfg.sync_config(spec))
@@ -339,6 +352,28 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
             raise ConfigError(f"vgroup {spec.id}: {reason}")
     if vcfg.max_payload_bytes > cfg.sync_config(cfg.vgroups[0]).record_max_bytes:
         raise ConfigError("vnode.max_payload_bytes is above sync.record_max_bytes")
+    return cfg
+
+
+def _restore_settings(table: Any) -> RestoreConfig:
+    """[restore]: the restore flow's limits (docs/restore.md §7), every vgroup of the node."""
+    if not isinstance(table, dict):
+        raise ConfigError("[restore] must be a table")
+    _unknown(table, set(RESTORE_SETTINGS), "restore.")
+    vals: dict[str, Any] = {}
+    for name, type_name in RESTORE_SETTINGS.items():
+        if name not in table:
+            continue
+        v = table[name]
+        if type_name == "float" and type(v) in (int, float):
+            vals[name] = float(v)      # TOML writes 5 for 5.0: seconds may be whole
+        else:
+            vals[name] = _get(table, name, {"bool": bool, "int": int}.get(type_name, float),
+                              None, "restore.")
+    cfg = RestoreConfig(**vals)
+    reason = restore_config_invalid(cfg)
+    if reason:
+        raise ConfigError(reason)
     return cfg
 
 

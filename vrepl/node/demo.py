@@ -1,4 +1,4 @@
-"""`vrepl demo` and the cluster table of `vrepl status` (docs/operations.md §demo).
+"""`vrepl demo` (docs/operations.md §demo).
 
 Owns: the demo's script: a 3-replica vgroup (quorum 2) of real `vrepl node` processes on
 127.0.0.1 in a temporary directory; rows written through `vrepl.client` with a progress bar;
@@ -11,19 +11,23 @@ Must not: touch anything outside its directory or bind beyond loopback.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from vrepl.client import Client, OutcomeUnknownError
 from vrepl.node.local import LocalCluster
+from vrepl.node.statusview import print_view, view_from_cluster_status
+from vrepl.untrusted import printable
 
 # Extra end-of-demo checks: fn(cluster, tables, summary) -> (ok, one-line description).
 # The Spark validation registers itself here (vrepl.spark) once it lands.
@@ -31,6 +35,7 @@ VALIDATIONS: list[Callable[[LocalCluster, list[str], dict], tuple[bool, str]]] =
 
 DEMO_VNODE = {"memtable_max_rows": 20_000}   # small, so the demo also flushes Parquet files
 TS0 = 1_700_000_000_000
+EXIT_NO_SPARK = 2    # the Spark validation cannot run here (no Java): nothing was started
 
 
 def spark_validation(cluster: LocalCluster, base: str, console: Console) -> tuple[bool, str]:
@@ -40,19 +45,31 @@ def spark_validation(cluster: LocalCluster, base: str, console: Console) -> tupl
     try:
         from vrepl.spark import InputError, SparkJobError, validate
     except ImportError as exc:
-        return False, f"Spark validation skipped: {exc} (pip install 'vrepl[spark]')"
+        return False, f"Spark validation skipped: {exc} (python3 -m pip install pyspark)"
     dirs = [os.path.join(node.dir, "data", "vg1") for node in cluster.nodes.values()]
     console.print("validating the replicas with Spark (local[2]; JVM start included) ...")
     t0 = time.perf_counter()
+    from vrepl.spark.session import stop_jvm
     try:
         report = validate({1: dirs}, master="local[2]",
                           log_path=os.path.join(base, "spark.log"))
     except (InputError, SparkJobError) as exc:
         return False, f"Spark validation could not run: {exc}"
+    finally:
+        stop_jvm()      # the demo stops everything it started, the JVM included
     took = time.perf_counter() - t0
     if report.exit_code == 0:
         return True, f"Spark validation: the 3 replicas agree (rows, files, versions, epochs; {took:.1f} s)"
     return False, f"Spark validation found differences (exit {report.exit_code}); see {base}"
+
+
+def spark_missing() -> str | None:
+    """Why the closing Spark validation cannot run on this machine (no pyspark, no Java or
+    one too old), or None; checked before any node starts."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (python3 -m pip install pyspark)"
+    from vrepl.spark.session import java_missing
+    return java_missing()
 
 
 def make_console() -> Console:
@@ -62,38 +79,8 @@ def make_console() -> Console:
 
 
 def print_cluster_status(cluster: dict[str, Any], console: Console | None = None) -> None:
-    """The cluster as a table: one row per (vgroup, node): role, epoch, versions, lag."""
-    console = console or make_console()
-    table = Table(title="vrepl cluster", show_lines=False)
-    for col in ("vgroup", "node", "http", "role", "epoch", "master", "version", "archived",
-                "lag", "peers"):
-        table.add_column(col, justify="right" if col in ("epoch", "version", "archived", "lag")
-                         else "left")
-    rows: list[tuple] = []
-    masters: dict[int, int] = {}
-    for st in cluster.values():
-        if isinstance(st, dict):
-            for vg in st["vgroups"]:
-                if vg["role"] == "master":
-                    masters[vg["vgroup"]] = vg["version"]
-    for ep, st in cluster.items():
-        if not isinstance(st, dict):
-            rows.append(("-", "?", ep, f"[red]{st}[/]", "", "", "", "", "", ""))
-            continue
-        for vg in st["vgroups"]:
-            mv = masters.get(vg["vgroup"])
-            lag = "" if mv is None else str(max(0, mv - vg["version"]))
-            peers = " ".join(f"n{n}:{r}" for n, r in sorted(vg["replicas"].items())
-                             if int(n) != st["node"])
-            # A vgroup that needs a restore takes no part in the group: its state says so.
-            role = vg["role"] if vg.get("state", "serving") == "serving" else vg["state"]
-            color = {"master": "green", "slave": "cyan", "needs_restore": "red"}.get(role, "yellow")
-            rows.append((str(vg["vgroup"]), f"n{st['node']}", ep, f"[{color}]{role}[/]",
-                         str(vg["epoch"]), f"n{vg['master']}" if vg["master"] else "-",
-                         str(vg["version"]), str(vg["vnode"]["archived_version"]), lag, peers))
-    for r in sorted(rows, key=lambda r: (r[0], r[1])):
-        table.add_row(*r)
-    console.print(table)
+    """The cluster as `vrepl status` shows it, from Client.cluster_status()."""
+    print_view(view_from_cluster_status(cluster), console or make_console())
 
 
 def _rows(table: str, first_ts: int, n: int, seq0: int) -> list[list]:
@@ -120,7 +107,7 @@ def _write_phase(console: Console, client: Client, vgroup: int, label: str, tabl
             try:
                 client.write(vgroup, body)
             except OutcomeUnknownError as exc:   # never silently: say so, and do not count it
-                console.print(f"[yellow]outcome unknown[/]: {exc}")
+                console.print(f"[yellow]outcome unknown[/]: {escape(printable(exc))}")
             else:
                 acked[table].update(range(ts, ts + n))
             next_ts[table] = ts + n
@@ -135,6 +122,12 @@ def _write_phase(console: Console, client: Client, vgroup: int, label: str, tabl
 
 def run_demo(args: argparse.Namespace) -> int:
     console = make_console()
+    if not args.no_spark:
+        reason = spark_missing()
+        if reason is not None:
+            print(f"vrepl: error: the demo ends with a Spark validation of the replicas: {reason};"
+                  " or skip it with `vrepl demo --no-spark`", file=sys.stderr)
+            return EXIT_NO_SPARK
     base = args.dir or tempfile.mkdtemp(prefix="vrepl-demo-")
     own = args.dir is None
     summary: dict[str, Any] = {"ok": False}
@@ -147,7 +140,7 @@ def run_demo(args: argparse.Namespace) -> int:
         cluster.start()
         cluster.wait_ready()
         master = cluster.wait_master(slaves=2, timeout_s=20)
-        console.print(f"nodes up: " + ", ".join(f"n{n.id} http {n.http}"
+        console.print("nodes up: " + ", ".join(f"n{n.id} http {n.http}"
                                                for n in cluster.nodes.values())
                       + f"; master n{master}")
         print_cluster_status(Client(cluster.endpoints).cluster_status(), console)
@@ -213,7 +206,7 @@ def run_demo(args: argparse.Namespace) -> int:
         summary.update(rows_confirmed=sum(map(len, acked.values())), rows_per_replica=total)
         for check in VALIDATIONS:
             good, text = check(cluster, tables, summary)
-            console.print(("[green]ok[/] " if good else "[red]FAILED[/] ") + text)
+            console.print(("[green]ok[/] " if good else "[red]FAILED[/] ") + escape(text))
             ok = ok and good
         summary["identical"] = ok
         if ok:
@@ -226,7 +219,7 @@ def run_demo(args: argparse.Namespace) -> int:
             # WALs of the three replicas with the Spark job (docs/validation.md).
             good, text = spark_validation(cluster, base, console)
             summary["spark_validation"] = text
-            console.print(("[green]ok[/] " if good else "[red]FAILED[/] ") + text)
+            console.print(("[green]ok[/] " if good else "[red]FAILED[/] ") + escape(text))
             ok = ok and good
             summary["identical"] = ok
         summary["ok"] = ok and all(c == 0 for c in codes.values())
@@ -239,6 +232,9 @@ def run_demo(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the nodes[/]")
         return 3
+    except (RuntimeError, TimeoutError) as exc:    # a node exited, or a wait ran out
+        console.print(f"[red]FAILED[/] {escape(str(exc))}")
+        return 1
     finally:
         if client is not None:
             client.close()

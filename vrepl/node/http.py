@@ -8,7 +8,10 @@ HTTP API), and writing JSON responses. Every malformed request gets a 4xx (505 f
 version it does not speak) with a one-line reason; nothing the client sends raises out of
 this module.
 Must not: know vgroups or rows: it calls `handler(request)`, which returns a Response or an
-awaitable of one.
+awaitable of one. The handler names the request's route (`request.route`, a pattern such as
+`/v1/vgroups/{id}/write`); every response written is counted by (route, status) in
+`HttpServer.responses` (the metrics, docs/operations.md §Metrics), with route "none" for a
+request refused before it was parsed.
 """
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ import logging
 import re
 import ssl
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl, unquote
 
 from vrepl.errors import ConfigError
+from vrepl.untrusted import printable
 
 log = logging.getLogger("vrepl.node.http")
 
@@ -42,6 +47,7 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    route: str = "none"    # set by the handler: the route pattern, for the request counts
 
 
 @dataclass
@@ -50,6 +56,8 @@ class Response:
     body: dict[str, Any] = field(default_factory=dict)
     close: bool = False
     headers: tuple[tuple[str, str], ...] = ()   # extra header lines (WWW-Authenticate)
+    raw: bytes | None = None                  # sent as is instead of `body` as JSON
+    content_type: str = "application/json"
 
 
 def error(status: int, code: str, reason: str, **extra: Any) -> Response:
@@ -61,13 +69,13 @@ Handler = Callable[[Request], "Response | Awaitable[Response]"]
 
 
 def encode_response(resp: Response, keep_alive: bool) -> bytes:
-    body = json.dumps(resp.body, separators=(",", ":")).encode()
+    body = json.dumps(resp.body, separators=(",", ":")).encode() if resp.raw is None else resp.raw
     conn = b"keep-alive" if keep_alive and not resp.close else b"close"
     extra = (b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in resp.headers)
              if resp.headers else b"")
-    head = (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
             b"Connection: %s\r\n%s\r\n" % (resp.status, REASONS.get(resp.status, "Error").encode(),
-                                           len(body), conn, extra))
+                                           resp.content_type.encode(), len(body), conn, extra))
     return head + body
 
 
@@ -135,6 +143,14 @@ def server_ssl_context(cert_path: str, key_path: str) -> ssl.SSLContext:
         raise ConfigError(f"tls_cert {cert_path} / tls_key {key_path}: not a PEM certificate"
                           f" chain and its private key ({exc.reason or exc})") from None
     return ctx
+# The start of a request line: a method (an RFC 9110 token) and a space.
+_METHOD_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{0,32}")
+
+
+def _could_start_request(buf: bytearray) -> bool:
+    """False once the bytes received cannot begin an HTTP request line."""
+    n = _METHOD_RE.match(buf).end()  # type: ignore[union-attr]  (matches the empty string)
+    return n == len(buf) or (n > 0 and buf[n] == 0x20)
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -211,6 +227,7 @@ class HttpProtocol(asyncio.Protocol):
     def _reply_close(self, resp: Response) -> None:
         self.closing = True
         if self.transport is not None:
+            self.server.responses[("none", resp.status)] += 1
             self.transport.write(encode_response(resp, False))
             self.transport.close()
 
@@ -255,6 +272,13 @@ class HttpProtocol(asyncio.Protocol):
             buf = self.buf
             end = buf.find(b"\r\n\r\n", 0, srv.max_header_bytes + 4)
             if end < 0:
+                if not _could_start_request(buf):
+                    # Binary bytes (say a `vrepl restore` HELLO sent to this port instead of
+                    # the replication port): answer at once rather than wait for a request
+                    # line that never comes.
+                    self._reply_close(error(400, "not_http", "not an HTTP request: this is a"
+                                            " node's HTTP client API port"))
+                    return
                 if len(buf) > srv.max_header_bytes:
                     self._reply_close(error(431, "headers_too_large",
                                             f"request line and headers above {srv.max_header_bytes} bytes"))
@@ -323,17 +347,17 @@ class HttpProtocol(asyncio.Protocol):
             try:
                 result = srv.handler(req)
             except Exception as exc:  # a bug: answer 500, keep serving
-                log.exception("handler failed on %s %s", method, path)
+                log.exception("handler failed on %s %s", printable(method), printable(path))  # the client's text
                 result = error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
             if isinstance(result, Response):
-                self._send(result, keep)
+                self._send(result, keep, req.route)
                 continue
             self.busy = True
             task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t, keep=keep: self._done(t, keep))
+            task.add_done_callback(lambda t, keep=keep, route=req.route: self._done(t, keep, route))
             return
 
-    def _done(self, task: asyncio.Future, keep: bool) -> None:
+    def _done(self, task: asyncio.Future, keep: bool, route: str) -> None:
         self.busy = False
         if task.cancelled():
             resp = error(503, "stopping", "the node is stopping")
@@ -343,15 +367,16 @@ class HttpProtocol(asyncio.Protocol):
             resp = error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
         else:
             resp = task.result()
-        self._send(resp, keep)
+        self._send(resp, keep, route)
         if self.request_started is not None:    # a pipelined request's clock starts now
             self.request_started = self.last_active
         if not self.closing:
             self._next()
 
-    def _send(self, resp: Response, keep: bool) -> None:
+    def _send(self, resp: Response, keep: bool, route: str) -> None:
         if self.closing or self.transport is None:
             return
+        self.server.responses[(route, resp.status)] += 1
         self.last_active = time.monotonic()
         self.transport.write(encode_response(resp, keep))
         if not keep or resp.close:
@@ -378,6 +403,7 @@ class HttpServer:
         self.token = token
         self.ssl_context = ssl_context
         self.conns: set[HttpProtocol] = set()
+        self.responses: Counter[tuple[str, int]] = Counter()  # (route, status) -> responses written
         self.server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -167,6 +168,9 @@ def run_bench_cli(args: argparse.Namespace, access: dict | None = None) -> int:
                        args.duration, args.warmup, access)
         print(json.dumps(asdict(res)) if args.json else res.describe())
         return 0
+    except (RuntimeError, TimeoutError) as exc:   # a node exited, no master, a wait ran out
+        print(f"vrepl: error: bench: {exc}", file=sys.stderr)
+        return 1
     finally:
         if cluster is not None:
             cluster.close()

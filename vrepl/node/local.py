@@ -14,11 +14,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vrepl.child import python_argv
 from vrepl.client import Client
 
 LOOPBACK = "127.0.0.1"
@@ -91,7 +91,8 @@ class LocalCluster:
                  quorum: int = 0,
                  secret: str = "vrepl-local-secret", vnode: dict | None = None,
                  sync: dict | None = None, http: dict | None = None,
-                 log_level: str = "INFO", client_kw: dict | None = None) -> None:
+                 log_level: str = "INFO", log_format: str = "text",
+                 arbitrator: str | None = None, client_kw: dict | None = None) -> None:
         self.base_dir = os.path.abspath(base_dir)
         # Client keyword arguments for every client this object makes (token, tls, cafile),
         # for nodes whose [http] sets token_file or tls_cert.
@@ -111,7 +112,8 @@ class LocalCluster:
             os.makedirs(d, exist_ok=True)
             doc: dict[str, Any] = {"node_id": nid, "data_dir": os.path.join(d, "data"),
                                    "secret": secret, "log_level": log_level,
-                                   "log_file": os.path.join(d, "node.log")}
+                                   "log_file": os.path.join(d, "node.log"),
+                                   "log_format": log_format}
             if http:
                 doc["http"] = dict(http)
             if vnode:
@@ -120,7 +122,8 @@ class LocalCluster:
                 doc["sync"] = dict(sync)
             doc["nodes"] = node_table
             doc["vgroups"] = [{"id": vg, "replicas": [e["id"] for e in node_table],
-                               "quorum": quorum} for vg in range(vgroup, vgroup + vgroup_count)]
+                               "quorum": quorum, **({"arbitrator": arbitrator} if arbitrator else {})}
+                              for vg in range(vgroup, vgroup + vgroup_count)]
             path = os.path.join(d, "node.toml")
             with open(path, "w") as fh:
                 fh.write(render_toml(doc))
@@ -137,7 +140,7 @@ class LocalCluster:
                 continue
             stderr = open(os.path.join(n.dir, "stderr.log"), "ab")
             n.proc = subprocess.Popen(
-                [sys.executable, "-m", "vrepl.cli", "node", "--config", n.config_path],
+                python_argv("-m", "vrepl.cli", "node", "--config", n.config_path),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                 preexec_fn=_die_with_parent, start_new_session=True)
             stderr.close()

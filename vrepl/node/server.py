@@ -4,17 +4,19 @@ Owns: the life of one node: crash recovery of every vgroup's vnode (manifest + W
 one SyncInstance per vgroup (they share the process's replication server and I/O thread),
 the HTTP API on that same I/O thread (routes below, docs/client-api.md), the periodic flush
 check, and the graceful stop on SIGTERM/SIGINT (stop taking requests, let writes in flight
-finish, stop replication, flush every vnode, exit 0).
+finish, stop replication, flush every vnode, exit 0), reopening the log file on SIGHUP.
 Must not: print anything but its one "ready" line and its one-line errors; logs go to the
-configured log file (or stderr).
+configured log file (or stderr), in the shared format (vrepl/logsetup.py).
 
-Routes:
+Routes (each request is counted under its route pattern, docs/operations.md §Metrics):
     GET  /v1/status                                   node and vgroups
     POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}]
     GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
     GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
+    GET  /metrics                                     Prometheus text format (vrepl/node/metrics.py)
+
 With http.token_file set, every route needs `Authorization: Bearer <token>` (checked in
-vrepl/node/http.py before any route is looked up).
+vrepl/node/http.py before any route is looked up), /metrics included.
 """
 from __future__ import annotations
 
@@ -25,19 +27,31 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
 
 import vrepl
+from vrepl.dirlock import DirLock, lock_dir
+from vrepl.errors import ConfigError, ListenError
+from vrepl.logsetup import reopen_logs, setup_logging
 from vrepl.node.config import NodeConfig
 from vrepl.node.http import HttpServer, Request, Response, error, server_ssl_context
+from vrepl.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, NodeMetrics
 from vrepl.node.vgroup import VgroupHost
 from vrepl.transport.loop import IoLoop
 from vrepl.vnode.rows import INT64_MAX, INT64_MIN, TABLE_NAME_RE, TABLE_NAME_RULE
 
 log = logging.getLogger("vrepl.node")
+
+# Route patterns, the `route` label of vrepl_http_requests_total: bounded, never a raw path.
+ROUTE_STATUS = "/v1/status"
+ROUTE_WRITE = "/v1/vgroups/{id}/write"
+ROUTE_ROWS = "/v1/vgroups/{id}/rows"
+ROUTE_TABLES = "/v1/vgroups/{id}/tables"
+ROUTE_METRICS = "/metrics"
+ROUTE_OTHER = "other"    # no such route (404)
+VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES}
 
 # The cyclic GC's thresholds in a node process (docs/perf.md §gc). With CPython's default
 # (700, 10, 10) a collection runs every 700 container allocations, and the older generations
@@ -61,22 +75,38 @@ class Node:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
         self.flush_executor = concurrent.futures.ThreadPoolExecutor(1, "vrepl-flush")
+        self.metrics = NodeMetrics(cfg.node_id)
         self.vgroups: dict[int, VgroupHost] = {
-            spec.id: VgroupHost(cfg, spec, self.flush_executor) for spec in cfg.vgroups}
+            spec.id: VgroupHost(cfg, spec, self.flush_executor, self.metrics.observers(spec.id))
+            for spec in cfg.vgroups}
+        self.metrics.vgroups = self.vgroups
         self.io: IoLoop | None = None
         self.http: HttpServer | None = None
         self.started_at = time.time()
         self._tick: asyncio.TimerHandle | None = None
         self._stopped = False
+        self.locks: list[DirLock] = []
 
     # -- start (main thread) ----------------------------------------------------------------
     def start(self) -> None:
-        """Recover every vnode, start replication, then serve HTTP. Raises on failure."""
-        os.makedirs(self.cfg.data_dir, exist_ok=True)
-        for vg in self.vgroups.values():
-            n = vg.open()
-            log.info("vg%d: recovered: archived v%d, replayed %d WAL records, now at v%d",
-                     vg.id, vg.vnode.archived_version, n, vg.vnode.get_version())  # type: ignore[union-attr]
+        """Lock the data directories, recover every vnode, start replication, then serve
+        HTTP. Raises on failure: DirInUseError (another process holds a data directory;
+        nothing was read), ListenError (an address is in use), or what recovery raised."""
+        # One process per data directory (vrepl/dirlock.py): the root and each vgroup's,
+        # so `vrepl restore --data <data_dir>/vgN` is refused while this node runs. Held
+        # until stop(); the node's own restore of a vgroup runs under these locks.
+        holder = f"vrepl node {self.cfg.node_id}"
+        try:
+            self.locks.append(lock_dir(self.cfg.data_dir, holder))
+            for vg in self.vgroups.values():
+                self.locks.append(lock_dir(vg.path, holder))
+            for vg in self.vgroups.values():
+                n = vg.open()
+                log.info("vg%d: recovered: archived v%d, replayed %d WAL records, now at v%d",
+                         vg.id, vg.vnode.archived_version, n, vg.vnode.get_version())  # type: ignore[union-attr]
+        except BaseException:
+            self._release_locks()
+            raise
         self.io = IoLoop.shared()
         try:
             for vg in self.vgroups.values():
@@ -90,12 +120,16 @@ class Node:
                                    body_timeout_ms=h.body_timeout_ms, token=h.token,
                                    ssl_context=(server_ssl_context(h.tls_cert, h.tls_key)
                                                 if h.tls_cert and h.tls_key else None))
+            self.metrics.http = self.http
             host, port = self.cfg.http_listen
             if h.listen is None and (host, port) != self.cfg.me.http:
                 log.warning("http.listen is not set: the client API listens on %s:%d only,"
                             " not on this node's http address %s (set [http] listen to serve"
                             " other hosts)", host, port, self.cfg.me.http_endpoint)
-            self.io.run(self.http.start(host, port))
+            try:
+                self.io.run(self.http.start(host, port))
+            except OSError as exc:
+                raise ListenError(f"{host}:{port}", "HTTP API", exc) from None
             self.io.call(self._schedule_tick)
         except BaseException:
             self.stop()
@@ -140,17 +174,31 @@ class Node:
         if io is not None:
             io.release()
             self.io = None
+        self._release_locks()
+
+    def _release_locks(self) -> None:
+        for lock in self.locks:
+            lock.release()
+        self.locks.clear()
 
     # -- HTTP routes (I/O thread) -------------------------------------------------------------
     def handle(self, req: Request):
         parts = req.path.strip("/").split("/")
+        req.route = ROUTE_OTHER
+        if parts == ["metrics"]:
+            req.route = ROUTE_METRICS
+            if req.method != "GET":
+                return error(405, "bad_method", f"{req.method} {req.path}: use GET")
+            return Response(200, raw=self.metrics.render(), content_type=METRICS_CONTENT_TYPE)
         if parts[:1] != ["v1"]:
             return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
         if parts == ["v1", "status"]:
+            req.route = ROUTE_STATUS
             if req.method != "GET":
                 return error(405, "bad_method", f"{req.method} {req.path}: use GET")
             return Response(200, self.status())
-        if len(parts) == 4 and parts[1] == "vgroups":
+        if len(parts) == 4 and parts[1] == "vgroups" and parts[3] in VGROUP_ROUTES:
+            req.route = VGROUP_ROUTES[parts[3]]
             vg = self._vgroup(parts[2])
             if isinstance(vg, Response):
                 return vg
@@ -217,21 +265,32 @@ class Node:
 
 
 def run_node(cfg: NodeConfig) -> int:
-    """Run until SIGTERM/SIGINT; returns the exit code (0 after a graceful stop)."""
-    handlers: list[logging.Handler]
+    """Run until SIGTERM/SIGINT; returns the exit code (0 after a graceful stop). SIGHUP
+    reopens the log file (logrotate)."""
     if cfg.log_file:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
-        handlers = [logging.FileHandler(cfg.log_file)]
-    else:
-        handlers = [logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=getattr(logging, cfg.log_level), handlers=handlers, force=True,
-                        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(message)s",
-                        datefmt="%H:%M:%S")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    setup_logging(level=cfg.log_level, log_file=cfg.log_file, log_format=cfg.log_format,
+                  node=cfg.node_id)
+    # The handlers only set flags; the main thread acts on them (a signal handler that
+    # reopened the file itself could run in the middle of this thread's own log call).
+    wake = threading.Event()
+    asked = {"stop": False, "reopen": False}
+
+    def on_signal(what: str) -> None:
+        asked[what] = True
+        wake.set()
+
+    signal.signal(signal.SIGTERM, lambda *_: on_signal("stop"))
+    signal.signal(signal.SIGINT, lambda *_: on_signal("stop"))
+    signal.signal(signal.SIGHUP, lambda *_: on_signal("reopen"))
     node = Node(cfg)
-    node.start()
+    try:
+        node.start()
+    except (ConfigError, OSError) as exc:
+        if cfg.log_file:   # on stderr, the CLI's one error line says it
+            log.error("node %d cannot start: %s", cfg.node_id, exc,
+                      extra={"event": "config_error" if isinstance(exc, ConfigError) else "start_failed"})
+        raise
     # What recovery loaded lives as long as the process: keep it out of every collection.
     gc.collect()
     gc.freeze()
@@ -241,10 +300,15 @@ def run_node(cfg: NodeConfig) -> int:
                       "tls": cfg.http.tls, "token": cfg.http.token is not None,
                       "replication": cfg.me.replication_endpoint, "pid": os.getpid(),
                       "vgroups": sorted(node.vgroups)}), flush=True)
-    log.info("node %d ready: http %s:%d", cfg.node_id, host, port)
-    while not stop.wait(0.5):
-        pass
+    log.info("node %d ready: http %s:%d", cfg.node_id, host, port, extra={"event": "ready"})
+    while not asked["stop"]:
+        wake.wait(0.5)
+        wake.clear()
+        if asked["reopen"]:
+            asked["reopen"] = False
+            if reopen_logs():   # logging to stderr: nothing to reopen
+                log.info("node %d: log file reopened (SIGHUP)", cfg.node_id, extra={"event": "log_reopened"})
     log.info("node %d stopping (signal)", cfg.node_id)
     node.stop()
-    log.info("node %d stopped", cfg.node_id)
+    log.info("node %d stopped", cfg.node_id, extra={"event": "stopped"})
     return 0

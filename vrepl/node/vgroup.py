@@ -32,7 +32,7 @@ from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.http import Response, error
 from vrepl.replica import NO_NODE, AckStatus, ConfirmStatus
 from vrepl.restore import recover_interrupted_swap
-from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance
+from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance, SyncObservers
 from vrepl.vnode import Vnode
 from vrepl.vnode.errors import VnodeClosedError, VnodeError
 from vrepl.vnode.rows import NOOP_PAYLOAD
@@ -44,11 +44,15 @@ log = logging.getLogger("vrepl.node")
 _IN_LOG = (ConfirmStatus.OK, ConfirmStatus.TIMED_OUT, ConfirmStatus.FAILED)
 
 SERVING, NEEDS_RESTORE = "serving", "needs_restore"
-# A failed self-restore is retried after this pause, doubled after each failure up to the max.
-SELF_RESTORE_RETRY_MS = 500
+# A failed self-restore is retried after [restore] retry_interval_ms, doubled after each
+# failure up to this (the pull's I/O timeout is [restore] io_timeout_s).
 SELF_RESTORE_RETRY_MAX_MS = 10_000
-SELF_RESTORE_IO_TIMEOUT_S = 30.0    # no byte moving for this long: the pull fails
 STOP_JOIN_S = 10.0                  # how long stop() waits for a self-restore to give up
+
+
+def _step(step: str, duration_ms: int | None, **fields: Any) -> dict[str, Any]:
+    """The `extra` of a self-restore log line (docs/operations.md §Logs: event self_restore)."""
+    return {"event": "self_restore", "step": step, "duration_ms": duration_ms, **fields}
 
 
 def _expire(fut: asyncio.Future) -> None:
@@ -77,13 +81,15 @@ class _Pending:
 
 class VgroupHost:
     def __init__(self, node_cfg: NodeConfig, spec: VgroupSpec,
-                 flush_executor: concurrent.futures.Executor) -> None:
+                 flush_executor: concurrent.futures.Executor,
+                 observers: SyncObservers | None = None) -> None:
         self.node_cfg = node_cfg
         self.spec = spec
         self.id = spec.id
         self.node_id = node_cfg.node_id
         self.path = node_cfg.vgroup_path(spec.id)
         self.flush_executor = flush_executor
+        self.observers = observers       # the node's metrics histograms (vrepl/node/metrics.py)
         self.vnode: Vnode | None = None
         self.sync: SyncInstance | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -162,7 +168,8 @@ class VgroupHost:
         if self.state == NEEDS_RESTORE:
             self._start_restorer()      # no replication on data that needs a restore
             return
-        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(self.vnode))
+        self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(self.vnode),
+                                 restore=self.node_cfg.restore, observers=self.observers)
         self.sync.start()
 
     def stop(self) -> None:
@@ -188,8 +195,9 @@ class VgroupHost:
         del self.role_changes[:-20]
         if self.vnode is not None:
             self.vnode.notify_role(role)
-        log.info("vg%d n%d: role %s, epoch %d, master %s", self.id, self.node_id, role, epoch,
-                 master)
+        # The sync layer logs the change (event role_change, docs/operations.md §Logs).
+        log.debug("vg%d n%d: role %s, epoch %d, master %s", self.id, self.node_id, role, epoch,
+                  master)
         if role == "master" and self.sync is not None and self.sync.replica is not None:
             # Versions continue the log: a new master's WAL ends where its slave WAL ended.
             self.next_version = self.sync.replica.last_version + 1
@@ -328,7 +336,8 @@ class VgroupHost:
         if reason is None:
             return
         self.flushing = True
-        log.info("vg%d n%d: flush up to v%d: %s", self.id, self.node_id, limit, reason)
+        log.info("vg%d n%d: flush up to v%d: %s", self.id, self.node_id, limit, reason,
+                 extra={"event": "flush", "up_to_version": limit})
         fut = self.loop.run_in_executor(self.flush_executor, self.vnode.flush,  # type: ignore[union-attr]
                                         None, limit)
         fut.add_done_callback(self._flushed)
@@ -546,7 +555,7 @@ class VgroupHost:
         log.critical("vg%d n%d: needs a restore: %s. This replica stops replicating (peers see"
                      " it offline: it neither votes nor can be elected), answers 503"
                      " needs_restore to reads and writes, and restores itself from the master",
-                     self.id, self.node_id, reason)
+                     self.id, self.node_id, reason, extra={"event": "needs_restore", "reason": reason})
 
     def _enter_needs_restore(self, reason: str) -> None:
         """(I/O thread) From now on nothing is served, applied or acked; the self-restore
@@ -585,14 +594,15 @@ class VgroupHost:
             if self.sync is not None:
                 t = time.monotonic()
                 self.sync.stop()
+                ms = selfrestore.ms_since(t)
                 log.info("vg%d n%d: needs_restore: replication stopped in %d ms", self.id,
-                         self.node_id, selfrestore.ms_since(t))
+                         self.node_id, ms, extra=_step("stopped", ms))
             if self.vnode is not None:
                 self.vnode.close(up_to_version=0)      # archive nothing more of this data
         max_record = self.node_cfg.vnode.max_payload_bytes
         own_end = selfrestore.wal_end(self.path, max_record)
         self._phase("waiting for a source", wal_end={"epoch": own_end[0], "version": own_end[1]})
-        pause_ms = SELF_RESTORE_RETRY_MS
+        pause_ms = self.node_cfg.restore.retry_interval_ms
         attempt = 0
         while not self._restore_stop.is_set():
             attempt += 1
@@ -604,7 +614,8 @@ class VgroupHost:
                 self.counters["self_restore_failures"] += 1
                 self._phase("waiting to retry", last_error=str(exc) or type(exc).__name__)
                 log.warning("vg%d n%d: needs_restore: attempt %d failed: %s; retrying in %d ms",
-                            self.id, self.node_id, attempt, exc, pause_ms)
+                            self.id, self.node_id, attempt, exc, pause_ms,
+                            extra=_step("failed", None, attempt=attempt, retry_ms=pause_ms))
             if done:
                 took = selfrestore.ms_since(t0)
                 self.counters["self_restores"] += 1
@@ -613,11 +624,12 @@ class VgroupHost:
                 self.last_self_restore.pop("phase", None)
                 self.needs_restore = None
                 log.warning("vg%d n%d: needs_restore: restored in %d ms (%d attempts); serving"
-                            " again", self.id, self.node_id, took, attempt)
+                            " again", self.id, self.node_id, took, attempt,
+                            extra=_step("restored", took, attempt=attempt))
                 return
             if self._restore_stop.wait(pause_ms / 1000):
                 return
-            pause_ms = min(pause_ms * 2, SELF_RESTORE_RETRY_MAX_MS)
+            pause_ms = max(min(pause_ms * 2, SELF_RESTORE_RETRY_MAX_MS), pause_ms)
 
     def _restore_source(self, attempt: int, known_master: int | None) -> int:
         """Where to pull a copy from: the master this replica last followed (first attempt),
@@ -648,14 +660,16 @@ class VgroupHost:
             where = self.node_cfg.nodes[source].replication_endpoint
             self._phase("pulling a copy", source=source)
             log.info("vg%d n%d: needs_restore: pulling a complete copy from n%d at %s"
-                     " (attempt %d)", self.id, self.node_id, source, where, attempt)
+                     " (attempt %d)", self.id, self.node_id, source, where, attempt,
+                     extra=_step("pulling", None, attempt=attempt, source=source))
             copy = selfrestore.pull(self.path, where, vgroup=self.id, secret=self.node_cfg.secret,
-                                    timeout_s=SELF_RESTORE_IO_TIMEOUT_S,
+                                    timeout_s=self.node_cfg.restore.io_timeout_s,
                                     max_record_bytes=max_record)
+            ms = selfrestore.ms_since(t)
             log.info("vg%d n%d: needs_restore: copy from n%d in %d ms: %d files (%d bytes"
                      " received), %d WAL records, log end e%dv%d", self.id, self.node_id,
-                     source, selfrestore.ms_since(t), copy.files, copy.file_bytes,
-                     copy.wal_records, copy.epoch, copy.version)
+                     source, ms, copy.files, copy.file_bytes, copy.wal_records, copy.epoch,
+                     copy.version, extra=_step("pulled", ms, source=source))
             # A master's log holds every committed record: a copy ending at or after this
             # node's own log end misses nothing this node ever acknowledged.
             if (copy.epoch, copy.version) < own_end:
@@ -668,8 +682,9 @@ class VgroupHost:
             self._phase("swapping in the copy")
             t = time.monotonic()
             swapped = selfrestore.swap(self.path)
-            log.info("vg%d n%d: needs_restore: %s in %d ms", self.id, self.node_id, swapped,
-                     selfrestore.ms_since(t))
+            ms = selfrestore.ms_since(t)
+            log.info("vg%d n%d: needs_restore: %s in %d ms", self.id, self.node_id, swapped, ms,
+                     extra=_step("swapped", ms))
         self._phase("reopening")
         t = time.monotonic()
         vnode = Vnode(self.path, self.node_cfg.vnode)
@@ -685,7 +700,8 @@ class VgroupHost:
             self.vnode = vnode
             self.recovered_records = replayed
             self.role, self.master, self.pending_rids = "unsynced", None, {}
-            self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(vnode))
+            self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(vnode),
+                                     restore=self.node_cfg.restore, observers=self.observers)
             self.state = SERVING
             try:
                 self.sync.start()
@@ -693,9 +709,10 @@ class VgroupHost:
                 self.state = NEEDS_RESTORE
                 vnode.close(up_to_version=0)
                 raise
+        ms = selfrestore.ms_since(t)
         log.info("vg%d n%d: needs_restore: vnode reopened (archived v%d, %d WAL records"
                  " replayed) and replication started in %d ms", self.id, self.node_id,
-                 vnode.archived_version, replayed, selfrestore.ms_since(t))
+                 vnode.archived_version, replayed, ms, extra=_step("reopened", ms))
         return True
 
     def status(self) -> dict[str, Any]:
@@ -708,7 +725,7 @@ class VgroupHost:
             "version": vnode.get_version(), "wal_last_version": 0, "wal_durable_version": 0,
             "confirmed_version": self.confirmed_through, "committed_version": 0,
             "replicas": {}, "peers": {},
-            "arbitrator": {"address": arb, "used": False, "connected": False},
+            "arbitrator": {"address": arb, "used": False, "connected": False, "lease": None},
             "flow_control": 0, "pending_writes": len(self.pending),
             "vnode": {**vnode.status(), "flushes": self.flushes, "flush_errors": self.flush_errors,
                       "recovered_records": self.recovered_records},
@@ -727,6 +744,8 @@ class VgroupHost:
             peers[str(node)] = {"role": roles["replicas"].get(node, "offline"),
                                 "acked_version": p.get("acked_version"),
                                 "lag_versions": p.get("lag_versions"),
+                                "lag_ms": p.get("lag_ms"),
+                                "last_heard_ms": p.get("last_heard_ms"),
                                 "state": p.get("state")}
         doc.update({
             "wal_last_version": roles["last_version"],
@@ -735,7 +754,8 @@ class VgroupHost:
             "replicas": {str(n): r for n, r in roles["replicas"].items()},
             "peers": peers,
             "arbitrator": {"address": arb, "used": sync.cfg.arbitrator_used,
-                           "connected": stats.get("arbitrator_connected", False)},
+                           "connected": stats.get("arbitrator_connected", False),
+                           "lease": stats.get("arbitrator_lease")},
             "flow_control": stats.get("flow_control", 0),
         })
         return doc

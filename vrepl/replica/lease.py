@@ -23,10 +23,11 @@ class _Lease:
 class LeaseTable:
     """Per-vgroup leases; `request` returns None when granted, else the refusal reason."""
 
-    __slots__ = ("lease_ticks", "_by_vgroup")
+    __slots__ = ("lease_ticks", "unit", "_by_vgroup")
 
-    def __init__(self, lease_ticks: int) -> None:
+    def __init__(self, lease_ticks: int, unit: str = "ticks") -> None:
         self.lease_ticks = lease_ticks
+        self.unit = unit  # what a tick is, for refusal reasons: the arbitrator's are "ms"
         self._by_vgroup: dict[int, _Lease] = {}
 
     def request(self, vgroup_id: int, node: int, epoch: int, now_tick: int) -> str | None:
@@ -37,7 +38,8 @@ class LeaseTable:
             if epoch == held.epoch and node != held.node:
                 return f"vg{vgroup_id} e{epoch} was granted to n{held.node}"
             if node != held.node and held.expires_tick > now_tick:
-                return f"vg{vgroup_id} lease held by n{held.node} for e{held.epoch} until tick {held.expires_tick}"
+                left = held.expires_tick - now_tick
+                return f"vg{vgroup_id} lease held by n{held.node} for e{held.epoch} for another {left} {self.unit}"
         self._by_vgroup[vgroup_id] = _Lease(epoch, node, now_tick + self.lease_ticks)
         return None
 

@@ -664,9 +664,10 @@ class Replica:
         self._election_dirty = True
 
     def on_heartbeat_timeout(self, i: int) -> None:
-        ticks = self.now_tick - self.last_heard_tick[i]
-        self._emit(ResetConnection(self.nodes[i], f"silent for {ticks} ticks"))
-        self._mark_offline(i, f"silent for {ticks} ticks (heartbeat_timeout_ticks)")
+        # Said in ms, not ticks: the reason reaches the operator's log.
+        silent_ms = (self.now_tick - self.last_heard_tick[i]) * self.cfg.tick_ms
+        self._emit(ResetConnection(self.nodes[i], f"silent for {silent_ms} ms"))
+        self._mark_offline(i, f"silent for {silent_ms} ms (heartbeat timeout)")
 
     def on_forward_timeout(self, span: tuple[int, int]) -> None:
         invariant(self.window is not None, "only a master has forwards to time out")
@@ -991,7 +992,13 @@ class Replica:
         if cut >= self.last_version:
             self._send_sync_request("nothing to truncate")
             return
-        invariant(cut >= self.matched_version, "the master never cuts records it matched")
+        if cut < self.matched_version:
+            # A peer's message, not a bug here: the master would cut records it matched with
+            # this log (its restore stream sent records its own log lacks, say). Refused;
+            # the follower starts over and matches from scratch (docs/design.md §4.3).
+            self._refuse_master(i, f"refused {req.describe()}: it cuts v{cut + 1}..v{self.matched_version},"
+                                   f" which matched n{self.nodes[i]}'s log")
+            return
         # docs/design.md §4.4: committed records are in every later master's log, so a
         # master never asks for them to be cut.
         invariant(cut >= self.commit_version, f"never truncate below the commit version v{self.commit_version}")
@@ -1002,6 +1009,23 @@ class Replica:
         self._log(LogLevel.WARNING, f"truncating e{self.last_epoch}v{self.last_version} after v{cut}")
         self._set_role(Role.SYNCING)
         self._emit(TruncateWalAfter(cut))
+
+    def _refuse_master(self, i: int, reason: str) -> None:
+        """The master sent what contradicts the log it matched with this follower: bad input
+        from a peer. Logged, connection reset, unsynced: after it reconnects the follower
+        sends a new SyncRequest and the logs are matched from scratch."""
+        self._log(LogLevel.WARNING, reason)
+        self._emit(ResetConnection(self.nodes[i], reason))
+        self._mark_offline(i, "refused its messages")
+        self._become_unsynced(reason)
+
+    def _record_epoch_refusal(self, fwd: Forward) -> str | None:
+        """Why a forward that extends the log cannot be appended (its record epoch), or None:
+        epochs never go back along a log, and no record is newer than the master's epoch."""
+        if self.last_epoch <= fwd.record_epoch <= self.promised_epoch:
+            return None
+        return (f"refused {fwd.describe()} from n{self.master}: record epoch e{fwd.record_epoch} outside"
+                f" e{self.last_epoch}..e{self.promised_epoch}")
 
     def on_truncate_done(self, ev: TruncateDone) -> None:
         invariant(self.truncating_to is not None, "TruncateDone answers a TruncateWalAfter")
@@ -1083,10 +1107,13 @@ class Replica:
         if not self.restoring or ev.last_version <= self.last_version:
             self._log(LogLevel.WARNING, f"ignored {ev.describe()}: restoring {self.restoring}, log ends at v{self.last_version}")
             return
+        if not 1 <= ev.last_epoch <= self.promised_epoch:
+            # The epoch comes from the master's WAL_BEGIN: a peer's value, refused, not a bug.
+            self._log(LogLevel.WARNING, f"refused {ev.describe()}: epoch outside e1..e{self.promised_epoch}")
+            return
         pairs = tuple(p for p in ev.epoch_history if p[1] <= ev.last_version) or ((ev.last_epoch, ev.last_version),)
         if history_invalid(pairs, ev.last_epoch, ev.last_version) is not None:
             pairs = ((ev.last_epoch, ev.last_version),)
-        invariant(ev.last_epoch <= self.promised_epoch, "a rebase comes from the master we promised")
         self.history = EpochHistory(pairs)
         self.last_epoch, self.last_version = ev.last_epoch, ev.last_version
         self.matched_version = ev.last_version
@@ -1213,13 +1240,18 @@ class Replica:
                 return False
             return True
         if fwd.version <= self.last_version:
-            invariant(
-                fwd.version > self.matched_version or self.history.epoch_at(fwd.version) == fwd.record_epoch,
-                "a matched record has the master's epoch",
-            )
+            if fwd.version <= self.matched_version and self.history.epoch_at(fwd.version) != fwd.record_epoch:
+                # A peer's message, not a bug here: the master contradicts a record it matched.
+                self._refuse_master(self._index[self.master], f"refused {fwd.describe()}: matched v{fwd.version}"
+                                    f" is e{self.history.epoch_at(fwd.version)}")
+                return False
             return True  # a duplicate from the stream
         if fwd.prev_epoch != self.last_epoch:
             self._resync(f"v{fwd.version} follows e{fwd.prev_epoch} but my last record is e{self.last_epoch}")
+            return False
+        refusal = self._record_epoch_refusal(fwd)
+        if refusal:
+            self._refuse_master(self._index[self.master], refusal)
             return False
         self._append(fwd, appended)
         self._drain_cache(appended)
@@ -1240,6 +1272,10 @@ class Replica:
                 return
             if fwd.prev_epoch != self.last_epoch:
                 self._resync(f"cached v{fwd.version} follows e{fwd.prev_epoch}, my last is e{self.last_epoch}")
+                return
+            refusal = self._record_epoch_refusal(fwd)
+            if refusal:
+                self._refuse_master(self._index[self.master], refusal)
                 return
             self._append(fwd, appended)
 

@@ -10,9 +10,9 @@ Must not: be imported by vrepl.replica (the core stays free of I/O); every decis
 changes the replica is an event stepped on the I/O thread.
 """
 from vrepl.restore.config import RestoreConfig, restore_config_invalid
-from vrepl.restore.errors import DiskFull, FilesChanged, PeerError, RestoreError, UnsafeName
+from vrepl.restore.errors import BadData, DiskFull, FilesChanged, PeerError, RestoreError, UnsafeName
 from vrepl.restore.paths import confined, name_refusal
 from vrepl.restore.receiver import recover_interrupted_swap
 
 __all__ = ["RestoreConfig", "restore_config_invalid", "RestoreError", "FilesChanged", "UnsafeName", "DiskFull",
-           "PeerError", "confined", "name_refusal", "recover_interrupted_swap"]
+           "BadData", "PeerError", "confined", "name_refusal", "recover_interrupted_swap"]

@@ -11,10 +11,13 @@ failure is one line on stderr and a documented exit code; never a traceback.
         rebuild a vnode's archived data by replaying a WAL into it (after a crash, or to a
         point in time), flushing as it goes
 
-Exit codes: 0 done, 1 the data is corrupt or inconsistent (a gap, a bad file), 2 usage
-(bad argument, missing directory, no secret), 3 interrupted, 4 the peer is unreachable,
-refused the connection or broke off, 5 a hostile file name was refused, 6 disk full (the
-previous data is intact), 7 the source kept changing (retries exhausted).
+Exit codes (docs/restore.md §8): 0 done, 1 the data is corrupt or inconsistent (bad data
+from the sender, a gap, a bad file, a file above max_file_bytes), 2 usage (bad argument,
+missing directory, no secret, a WAL file that is not a regular file), 3 interrupted, 4 the
+peer is unreachable, refused the connection or broke off, 5 a hostile file name was refused,
+6 not enough disk space (the previous data is intact), 7 the source kept changing (retries
+exhausted), 8 the data directory is in use by another process (vrepl/dirlock.py; nothing was
+read or written). Text from the peer is escaped before it is printed (vrepl/untrusted.py).
 Must not: touch the data directory before the transfer is verified (the receiver stages).
 """
 from __future__ import annotations
@@ -26,6 +29,8 @@ import sys
 import time
 from typing import Any
 
+from vrepl.untrusted import printable
+
 EXIT_OK = 0
 EXIT_CORRUPT = 1
 EXIT_USAGE = 2
@@ -34,12 +39,21 @@ EXIT_PEER = 4
 EXIT_UNSAFE = 5
 EXIT_DISK_FULL = 6
 EXIT_CHANGING = 7
+EXIT_IN_USE = 8
 
 SECRET_ENV = "VREPL_SECRET"
 
 
 def _err(message: str) -> None:
-    print(f"vrepl: error: {message}", file=sys.stderr)
+    # Messages may carry a peer's text (an ERROR reason): one line, escaped (vrepl/untrusted.py).
+    print(f"vrepl: error: {printable(message)}", file=sys.stderr)
+
+
+def _failure_text(exc: Exception, attempts: int) -> str:
+    from vrepl.restore.errors import FilesChanged
+    if isinstance(exc, FilesChanged):
+        return f"the source kept changing ({attempts} attempts): {exc}"
+    return str(exc)
 
 
 def add_parsers(sub: Any) -> None:
@@ -99,6 +113,17 @@ class _Fail(Exception):
         self.code = code
 
 
+def _lock_data(data: str, holder: str) -> Any:
+    """The --data directory's lock (one process per data directory), or _Fail(EXIT_IN_USE).
+    Taken here, at the command's entry, never by the restore code a node also runs."""
+    from vrepl.dirlock import DirInUseError, lock_dir
+
+    try:
+        return lock_dir(data, holder)
+    except DirInUseError as exc:
+        raise _Fail(str(exc), EXIT_IN_USE) from None
+
+
 # ---------------------------------------------------------------------------------------------
 # restore
 
@@ -133,26 +158,29 @@ def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes,
 def run_restore(args: argparse.Namespace) -> int:
     from vrepl.config import parse_endpoint
     from vrepl.errors import ConfigError
-    from vrepl.restore.errors import DiskFull, FilesChanged, PeerError, RestoreError, UnsafeName
+    from vrepl.restore.errors import RestoreError
     from vrepl.restore.receiver import recover_interrupted_swap
 
+    lock = None
     try:
         try:
             host, port = parse_endpoint(args.source)
         except ConfigError as exc:
             raise _Fail(str(exc), EXIT_USAGE) from None
+        if args.retries < 0:
+            raise _Fail(f"--retries must be >= 0, got {args.retries}", EXIT_USAGE)
         secret = _read_secret(args)
         data = os.path.abspath(args.data)
         if os.path.exists(data) and not os.path.isdir(data):
             raise _Fail(f"{data}: not a directory", EXIT_USAGE)
         os.makedirs(data, exist_ok=True)
+        lock = _lock_data(data, "vrepl restore")
         recovered = recover_interrupted_swap(data)
         if recovered:
             print(f"vrepl: {recovered}", file=sys.stderr)
         prog = _progress(not args.no_progress)
         attempt = 0
-        last_exc: Exception | None = None
-        while attempt <= args.retries:
+        while True:
             attempt += 1
             bar = prog
             tasks: dict[str, Any] = {}
@@ -188,32 +216,15 @@ def run_restore(args: argparse.Namespace) -> int:
                       f" {st.files_resumed} resumed, {st.files_removed} removed), WAL v{st.from_version}..v{st.last_version}"
                       f" ({st.wal_records_received} records); source log end v{b.last_version if b else '?'}")
                 return EXIT_OK
-            except (FilesChanged, PeerError) as exc:
-                if bar is not None:
-                    bar.stop()
-                last_exc = exc
-                if not exc.restart:
-                    break
-                print(f"vrepl: restore attempt {attempt} stopped: {exc}; resuming", file=sys.stderr)
-                time.sleep(min(0.2 * attempt, 2.0))
             except RestoreError as exc:
                 if bar is not None:
                     bar.stop()
-                last_exc = exc
-                if not exc.restart:
-                    break
-                print(f"vrepl: restore attempt {attempt} stopped: {exc}; resuming", file=sys.stderr)
+                # The last attempt (or one no retry can help) ends with the one error line
+                # below and nothing before it: "resuming" only when a retry follows.
+                if not exc.restart or attempt > args.retries:
+                    raise _Fail(_failure_text(exc, attempt), exc.exit_code) from None
+                print(f"vrepl: restore attempt {attempt} stopped: {printable(exc)}; resuming", file=sys.stderr)
                 time.sleep(min(0.2 * attempt, 2.0))
-        assert last_exc is not None
-        if isinstance(last_exc, UnsafeName):
-            raise _Fail(str(last_exc), EXIT_UNSAFE)
-        if isinstance(last_exc, DiskFull):
-            raise _Fail(str(last_exc), EXIT_DISK_FULL)
-        if isinstance(last_exc, FilesChanged):
-            raise _Fail(f"the source kept changing ({args.retries + 1} attempts): {last_exc}", EXIT_CHANGING)
-        if isinstance(last_exc, PeerError):
-            raise _Fail(str(last_exc), EXIT_PEER)
-        raise _Fail(str(last_exc), EXIT_CORRUPT)
     except _Fail as exc:
         _err(str(exc))
         return exc.code
@@ -223,6 +234,9 @@ def run_restore(args: argparse.Namespace) -> int:
     except OSError as exc:
         _err(f"{getattr(exc, 'filename', '') or ''} {exc.strerror or exc}".strip())
         return EXIT_CORRUPT
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,25 +245,38 @@ def run_restore(args: argparse.Namespace) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     from vrepl import wal as _wal
-    from vrepl.errors import VreplError
+    from vrepl.errors import VreplError, WalCorruptError
     from vrepl.vnode import Vnode
 
+    lock = None
     try:
         if not os.path.isdir(args.wal):
             raise _Fail(f"{args.wal}: no such WAL directory", EXIT_USAGE)
         if args.to_version < 0:
             raise _Fail("--to-version must be >= 0", EXIT_USAGE)
+        lock = _lock_data(args.data, "vrepl replay")
+        # docs/restore.md §8: a torn last record (a crash mid-write) is left out with a
+        # warning; other corruption is refused unless --to-version stops before it.
+        torn = None
         try:
             state = _wal.inspect(args.wal)
-        except _wal.WalError as exc:
-            raise _Fail(str(exc), EXIT_CORRUPT) from None
+            last_good, torn = state.last_version, state.torn_tail
+        except WalCorruptError as exc:
+            last_good = exc.last_good_version
+            if not args.to_version or args.to_version > last_good:
+                hint = f"; 'vrepl replay --to-version {last_good}' rebuilds the good prefix" if last_good else ""
+                raise _Fail(f"{exc}{hint}", EXIT_CORRUPT) from None
+        except _wal.WalError as exc:  # not a WAL directory, a WAL file that is not a regular file
+            raise _Fail(str(exc), EXIT_USAGE) from None
+        if args.to_version and args.to_version > last_good:
+            after = f" (it ends in a torn record after v{last_good})" if torn is not None else ""
+            raise _Fail(f"--to-version {args.to_version} is beyond the WAL's last version {last_good}{after}",
+                        EXIT_USAGE)
         vnode = Vnode(args.data)
         start = vnode.get_version() + 1
-        end = state.last_version if not args.to_version else min(args.to_version, state.last_version)
-        if args.to_version and args.to_version > state.last_version:
-            raise _Fail(f"--to-version {args.to_version} is beyond the WAL's last version {state.last_version}",
-                        EXIT_USAGE)
+        end = args.to_version or last_good
         if end < start - 1:
+            vnode.close()
             raise _Fail(f"{args.data} already holds v{start - 1}, beyond v{end}: replay cannot go back"
                         " (restore a copy, then replay to the wanted version)", EXIT_USAGE)
         bar = _progress(not args.no_progress, counts=True)
@@ -278,6 +305,8 @@ def run_replay(args: argparse.Namespace) -> int:
                 if rows_since >= args.flush_rows or vnode.flush_due() is not None:
                     vnode.flush()
                     rows_since = 0
+                if rec.version == end:
+                    break  # never read past it: the WAL may be corrupt after `end`
             vnode.flush()
         finally:
             if bar is not None:
@@ -286,6 +315,9 @@ def run_replay(args: argparse.Namespace) -> int:
             vnode.close()
         if vnode.archived_version < end:
             raise _Fail(f"replayed up to v{vnode.archived_version}, expected v{end}: the WAL ended early", EXIT_CORRUPT)
+        if torn is not None and end == last_good:
+            print(f"vrepl: warning: {torn.describe()}: that record was not replayed ('vrepl wal repair"
+                  f" {args.wal}' truncates it)", file=sys.stderr)
         print(f"replayed v{start}..v{end} ({applied} records) from {args.wal} into {args.data} in"
               f" {time.monotonic() - t0:.2f} s; archived version v{vnode.archived_version}")
         return EXIT_OK
@@ -298,14 +330,24 @@ def run_replay(args: argparse.Namespace) -> int:
     except (VreplError, OSError) as exc:
         _err(str(exc))
         return EXIT_CORRUPT
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m vrepl.restore` (restore and replay, as in `vrepl`)."""
+    parser = argparse.ArgumentParser(prog="python -m vrepl.restore",
+                                     description="vrepl restore and replay (docs/restore.md §8)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log the restore's steps to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_parsers(sub)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m vrepl.restore restore|replay ...` (the same commands as `vrepl`)."""
-    parser = argparse.ArgumentParser(prog="python -m vrepl.restore")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_parsers(sub)
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

@@ -13,8 +13,9 @@ import os
 import shutil
 
 from vrepl import wal as _wal
+from vrepl.errors import VersionError
 from vrepl.restore import protocol as P
-from vrepl.restore.errors import RestoreError
+from vrepl.restore.errors import BadData, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined
 from vrepl.restore.receiver import file_crc_magic
 
@@ -87,13 +88,15 @@ class DirSink:
         if last <= w.last_version:
             return
         if first > w.last_version + 1:
-            raise RestoreError(f"gap: WAL records start at v{first}, the copy ends at v{w.last_version}")
+            raise BadData(f"gap: WAL records start at v{first}, the copy ends at v{w.last_version}")
         k = w.last_version + 1 - first
         if k:
             block = block[int(scan.offsets[k]):]
             scan = None
         try:
             w.append_encoded(block, scan)
+        except VersionError as exc:  # epochs going backwards, versions out of order: the sender's data
+            raise BadData(f"bad WAL data from the sender: {exc}") from None
         except OSError as exc:
             from vrepl.restore.errors import DiskFull
             import errno
@@ -106,7 +109,7 @@ class DirSink:
         w = self.writer
         assert w is not None
         if w.last_version < last_version:
-            raise RestoreError(f"the WAL stream ended at v{last_version} but the copy is at v{w.last_version}")
+            raise BadData(f"the WAL stream ended at v{last_version} but the copy is at v{w.last_version}")
         w.close()  # fsyncs
         self.writer = None
         wal_dir = os.path.join(self.data_path, "wal")

@@ -25,6 +25,14 @@ class RestoreError(VreplError, RuntimeError):
 class FilesChanged(RestoreError):
     """A file already processed changed on the source during the restore (seed: inotify)."""
 
+    exit_code = 7  # when it keeps happening (the tool's retries are exhausted)
+
+
+class BadData(RestoreError):
+    """What the sender sent is corrupt or inconsistent: WAL bytes that are not whole valid
+    records, a gap, a file whose magic differs from the announced one, a file larger than
+    `max_file_bytes`. Not the connection's fault, so not a PeerError (exit 1, not 4)."""
+
 
 class UnsafeName(RestoreError):
     """A file name from the peer would leave the data path (absolute, `..`, a symlink)."""

@@ -32,7 +32,8 @@ class RestoreLimiter:
             self._queue.append(ticket)
             self.waited += 1
             log.info("%s: queued behind %d running restores (max_concurrent_restores %d), %d waiting",
-                     what, len(self._active), self.max_concurrent, len(self._queue))
+                     what, len(self._active), self.max_concurrent, len(self._queue),
+                     extra={"event": "restore_queued"})
             try:
                 while not (self._queue[0] is ticket and len(self._active) < self.max_concurrent):
                     if cancelled():

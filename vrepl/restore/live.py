@@ -31,7 +31,7 @@ from vrepl.replica import (
     Role,
 )
 from vrepl.restore import protocol as P
-from vrepl.restore.errors import PeerError, RestoreError
+from vrepl.restore.errors import BadData, PeerError, RestoreError
 from vrepl.restore.receiver import Receiver
 from vrepl.restore.sender import Sender, SenderOptions
 from vrepl.restore.stream import SyncStream, connect_sync
@@ -60,6 +60,15 @@ def _file_info(inst: "SyncInstance", index: int, name: str | None = None) -> tup
 
 # =============================================================================================
 # The side that has the data
+
+
+def _ms_since(t0: float) -> int:
+    return round((time.monotonic() - t0) * 1000)
+
+
+def _end_event(side: str, result: str, took_ms: int) -> dict:
+    """The log fields of a restore's end (docs/operations.md §Logs)."""
+    return {"event": "restore_end", "side": side, "result": result, "duration_ms": took_ms}
 
 
 class SenderSession:
@@ -194,7 +203,8 @@ class SenderSession:
                                  switch_lag_versions=rc.switch_lag_versions, wal_wait_s=rc.wal_wait_s,
                                  poll=rc.poll, poll_interval_s=rc.poll_interval_s)
             self.sender = Sender(self, opts, name=self.name)
-            log.info("%s: begins (%s)", self.name, "files + WAL" if files else "WAL")
+            log.info("%s: begins (%s)", self.name, "files + WAL" if files else "WAL",
+                     extra={"event": "restore_start", "side": "sender"})
             inst.restore_counters["sender_sessions"] += 1
             last = self.sender.run(self.stream)
             st = self.sender.stats
@@ -202,16 +212,20 @@ class SenderSession:
             inst.restore_counters["files_sent"] += st.files_sent
             inst.restore_counters["file_bytes_sent"] += st.file_bytes_sent
             inst.restore_counters["wal_records_sent"] += st.wal_records_sent
-            log.info("%s: done in %.2f s: %d/%d files sent (%d bytes), %d WAL records (%d bytes), receiver at v%d",
-                     self.name, time.monotonic() - t0, st.files_sent, st.files_checked, st.file_bytes_sent,
-                     st.wal_records_sent, st.wal_bytes_sent, last)
+            took_ms = _ms_since(t0)
+            log.info("%s: done in %d ms: %d/%d files sent (%d bytes), %d WAL records (%d bytes), receiver at v%d",
+                     self.name, took_ms, st.files_sent, st.files_checked, st.file_bytes_sent,
+                     st.wal_records_sent, st.wal_bytes_sent, last,
+                     extra=_end_event("sender", "ok", took_ms))
         except (RestoreError, OSError, FrameError) as exc:
             self.error = str(exc)
             if self.cancelled:
-                log.info("%s: cancelled: %s", self.name, self.cancel_reason)
+                log.info("%s: cancelled after %d ms: %s", self.name, _ms_since(t0), self.cancel_reason,
+                         extra=_end_event("sender", "cancelled", _ms_since(t0)))
                 return
             inst.restore_counters["sender_failed"] += 1
-            log.warning("%s: failed: %s", self.name, exc)
+            log.warning("%s: failed after %d ms: %s", self.name, _ms_since(t0), exc,
+                        extra=_end_event("sender", "failed", _ms_since(t0)))
             if self.stream is not None and not isinstance(exc, PeerError):
                 self.stream.send_error(str(exc))
             if self.kind == ConnKind.SYNC and inst._state == "running":
@@ -343,6 +357,10 @@ class ReceiverSession:
             assert r is not None
             self._check_restoring()
             if base > r.last_version:
+                if not 1 <= msg.prev_epoch <= r.promised_epoch:
+                    # Checked before the WAL is reset: the replica would refuse this rebase.
+                    raise BadData(f"wal_begin at v{msg.first_version} with prev epoch e{msg.prev_epoch},"
+                                  f" outside e1..e{r.promised_epoch}", restart=False)
                 # The files hold every version up to base; the WAL starts after it.
                 self.inst.store.reset(base, msg.prev_epoch)  # type: ignore[union-attr]
                 self.inst._step(LogRebased(msg.prev_epoch, base, msg.history))
@@ -439,6 +457,7 @@ class ReceiverSession:
         t0 = time.monotonic()
         try:
             inst.restore_counters["receiver_sessions"] += 1
+            log.info("%s: begins", self.name, extra={"event": "restore_start", "side": "receiver"})
             self.receiver = Receiver(self, magic_of=inst.cb.file_magic, fsync=rc.fsync, max_file_bytes=rc.max_file_bytes,
                                      max_record_bytes=inst.cfg.record_max_bytes, name=self.name)
             last = self.receiver.run(self.stream)
@@ -447,18 +466,22 @@ class ReceiverSession:
             inst.restore_counters["files_received"] += st.files_received
             inst.restore_counters["file_bytes_received"] += st.file_bytes_received
             inst.restore_counters["wal_records_received"] += st.wal_records_received
-            log.info("%s: done in %.2f s at v%d: %d files received (%d bytes, %d same, %d resumed, %d removed),"
-                     " %d WAL records", self.name, time.monotonic() - t0, last, st.files_received,
-                     st.file_bytes_received, st.files_same, st.files_resumed, st.files_removed, st.wal_records_received)
+            took_ms = _ms_since(t0)
+            log.info("%s: done in %d ms at v%d: %d files received (%d bytes, %d same, %d resumed, %d removed),"
+                     " %d WAL records", self.name, took_ms, last, st.files_received,
+                     st.file_bytes_received, st.files_same, st.files_resumed, st.files_removed, st.wal_records_received,
+                     extra=_end_event("receiver", "ok", took_ms))
             inst._callback(inst.cb.notify_restore, "ok", "")
         except (RestoreError, OSError, FrameError) as exc:
             if self.cancelled:
-                log.info("%s: cancelled: %s", self.name, self.cancel_reason)
+                log.info("%s: cancelled after %d ms: %s", self.name, _ms_since(t0), self.cancel_reason,
+                         extra=_end_event("receiver", "cancelled", _ms_since(t0)))
                 return
             reason = str(exc)
             inst.restore_counters["receiver_failed"] += 1
             inst.last_restore_error = reason
-            log.error("%s: failed: %s", self.name, reason)
+            log.error("%s: failed after %d ms: %s", self.name, _ms_since(t0), reason,
+                      extra=_end_event("receiver", "failed", _ms_since(t0)))
             if not isinstance(exc, PeerError):
                 self.stream.send_error(reason)
             inst._callback(inst.cb.notify_restore, "failed", reason)

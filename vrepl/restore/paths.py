@@ -1,7 +1,9 @@
 """File names from a peer, confined to a data path (docs/restore.md §Safety).
 
 Owns: the rules a name received over a sync connection must pass before it touches the
-disk: relative, no `..`, no empty or `.` components, no NUL or backslash, bounded length;
+disk: relative, no `..`, no empty or `.` components, no NUL or backslash, no control or
+other non-printable character (a newline, ESC, a bidirectional override: a name is also
+printed and logged), bounded length;
 and the checks that no existing component under the data path is a symlink (so a name can
 never be followed out of it) when a file is read, created or replaced.
 Must not: create anything but the parent directories of a confined name.
@@ -12,6 +14,7 @@ import os
 import stat
 
 from vrepl.restore.errors import UnsafeName
+from vrepl.untrusted import printable
 
 MAX_NAME_BYTES = 1024
 STAGING_DIR = ".vrepl-restore"  # under the data path: staged files, the journal (never synced)
@@ -23,15 +26,18 @@ def name_refusal(name: object) -> str | None:
         return "empty file name"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"file name longer than {MAX_NAME_BYTES} bytes"
+    shown = f"'{printable(name)}'"
     if "\x00" in name or "\\" in name:
-        return f"file name {name!r} holds a NUL or a backslash"
+        return f"file name {shown} holds a NUL or a backslash"
+    if not name.isprintable():
+        return f"file name {shown} holds a control or other non-printable character"
     if name.startswith("/") or os.path.isabs(name):
-        return f"absolute file name {name!r}"
+        return f"absolute file name {shown}"
     parts = name.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        return f"file name {name!r} has an empty, '.' or '..' component"
+        return f"file name {shown} has an empty, '.' or '..' component"
     if parts[0] == STAGING_DIR:
-        return f"file name {name!r} is inside the restore staging directory"
+        return f"file name {shown} is inside the restore staging directory"
     return None
 
 

@@ -21,7 +21,9 @@ are sent with os.sendfile); the reader takes exactly that many bytes next.
                                      <-  DONE last version applied
     ERROR       reason               <-> (either side, then close)
 
-Must not: touch sockets or files; decoding checks every length before using it.
+Must not: touch sockets or files; decoding checks every length before using it. Names and
+reasons are decoded as sent (the receiver refuses bad names, vrepl/restore/paths.py);
+describe() escapes them (vrepl/untrusted.py), since a peer chose them.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from vrepl._core import record as _rec
 from vrepl.errors import FrameError
+from vrepl.untrusted import printable
 
 HEADER_BYTES = _rec.HEADER_SIZE_BYTES
 MAX_NAME_BYTES = 1024
@@ -79,7 +82,7 @@ class FileInfo:
     name: str
 
     def describe(self) -> str:
-        return f"file_info #{self.index} {self.name} {self.size}B magic {self.magic:#010x}"
+        return f"file_info #{self.index} {printable(self.name)} {self.size}B magic {self.magic:#010x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,7 @@ class Error:
     reason: str
 
     def describe(self) -> str:
-        return f"error {self.reason}"
+        return f"error {printable(self.reason)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 from vrepl._core import crc32c as _crc
 from vrepl._core import record as _rec
 from vrepl.restore import protocol as P
-from vrepl.restore.errors import DiskFull, PeerError, RestoreError
+from vrepl.restore.errors import BadData, DiskFull, PeerError, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined, make_parents
 from vrepl.restore.stream import SyncStream
 
@@ -174,14 +174,16 @@ class Staging:
         magic, fsync, rename into the staging tree. DiskFull / RestoreError on failure (the
         temporary file is removed)."""
         if size > self.max_file_bytes:
-            raise RestoreError(f"{name}: announced size {size} is above restore_max_file_bytes {self.max_file_bytes}",
-                               restart=False)
+            # docs/restore.md §6 Sizes: bad data from the sender (exit 1), not a full disk.
+            raise BadData(f"refused {name}: the sender announces {size} bytes, above max_file_bytes"
+                          f" {self.max_file_bytes}", restart=False)
         final = make_parents(self.files_root, name)
         tmp = final + ".part"
         st = os.statvfs(self.files_root)
-        if st.f_bavail * st.f_frsize < size:
-            raise DiskFull(f"no space left on device for {name} ({size} bytes, {st.f_bavail * st.f_frsize} free"
-                           f" under {self.data_path}): the previous data is intact")
+        free = st.f_bavail * st.f_frsize
+        if free < size:
+            raise DiskFull(f"not enough disk space for {name}: it needs {size} bytes, {free} are free under"
+                           f" {self.data_path}: the previous data is intact")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         # Receiving and writing overlap: this thread receives into one buffer while a writer
         # thread checksums and writes the previous one (both release the GIL).
@@ -204,7 +206,7 @@ class Staging:
                 raise
             got = self.magic_of(tmp) if self.magic_of is not None else crc_magic(writer.crc)
             if got != magic:
-                raise RestoreError(f"{name}: received file has magic {got:#010x}, announced {magic:#010x}")
+                raise BadData(f"{name}: received file has magic {got:#010x}, announced {magic:#010x}")
             ok = True
         finally:
             os.close(fd)
@@ -425,7 +427,7 @@ class Receiver:
                     data = bytes(view)
                 scan = _rec.scan(data, max_payload_len=max_record, contiguous=True)
                 if not scan.ok and scan.status != _rec.STATUS_INCOMPLETE:
-                    raise PeerError(f"bad WAL data from the sender: {scan.reason}")
+                    raise BadData(f"bad WAL data from the sender: {scan.reason}")
                 if scan.count:
                     block = data if scan.end == len(data) else data[:scan.end]
                     sink.feed(block, scan)
@@ -435,6 +437,6 @@ class Receiver:
 
             stream.recv_raw(msg.size, take)
             if carry:
-                raise PeerError(f"WAL data ended inside a record ({len(carry)} bytes left)")
+                raise BadData(f"WAL data from the sender ended inside a record ({len(carry)} bytes left)")
             self.stats.wal_bytes_received += msg.size
             self.progress("wal_bytes", msg.size)

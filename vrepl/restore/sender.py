@@ -338,7 +338,7 @@ class _WalTail:
             self._scan_file(wf, sealed=True)  # only part of it is wanted: read it
             return
         try:
-            fd = os.open(wf.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _wal.open_regular(wf.path)  # never a FIFO put there since it was listed
         except FileNotFoundError:
             raise self._gap(last + 1) from None
         try:
@@ -356,7 +356,7 @@ class _WalTail:
 
     def _scan_file(self, wf: _wal.WalFile, sealed: bool) -> None:
         try:
-            fh = open(wf.path, "rb")
+            fh = open(_wal.open_regular(wf.path), "rb")
         except FileNotFoundError:
             raise self._gap(self.sent_version + 1) from None
         with fh:
@@ -379,7 +379,7 @@ class _WalTail:
         True when it was closed and a newer file exists (read to its end first)."""
         s = self.s
         try:
-            fh = open(wf.path, "rb")
+            fh = open(_wal.open_regular(wf.path), "rb")
         except FileNotFoundError:
             return False  # truncated away or renamed: list again
         with fh:

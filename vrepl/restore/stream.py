@@ -22,6 +22,7 @@ from vrepl.restore import protocol as P
 from vrepl.restore.errors import PeerError
 from vrepl.transport import codec
 from vrepl.transport.handshake import ClientHandshake, HandshakeError
+from vrepl.untrusted import printable
 
 HEADER = P.HEADER_BYTES
 _LEN = struct.Struct("<I")
@@ -90,7 +91,8 @@ class SyncStream:
         except FrameError as exc:
             raise PeerError(f"{self.peer}: {exc}") from None
         if type(msg) is P.Error:
-            raise PeerError(f"the other side stopped the restore: {msg.reason}")
+            # The reason is the peer's text: escaped before it reaches a log or a terminal.
+            raise PeerError(f"the other side stopped the restore: {printable(msg.reason)}")
         return msg
 
     def recv_raw(self, size: int, sink: Callable[[memoryview], None], chunk_bytes: int = RECV_CHUNK_BYTES,
@@ -205,6 +207,10 @@ def connect_sync(host: str, port: int, *, secret: bytes, kind: int, vgroup_id: i
                 stream.send_bytes(out)
     except PeerError as exc:
         stream.close()
+        if stream._buf.startswith(b"HTTP/"):
+            raise PeerError(f"{host}:{port} answered in HTTP: that is a node's client API port; a restore needs"
+                            " the node's replication port (its `replication` address in node.toml)",
+                            restart=False) from None
         if "closed by the other side" in str(exc):
             raise PeerError(f"{host}:{port} refused the sync connection (wrong secret, vgroup or node; see its log)",
                             restart=False) from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,9 +98,15 @@ def _input_error(spec: ReplicaSpec, what: str) -> InputError:
 
 
 def _read_bytes(spec: ReplicaSpec, path: str, rel: str) -> bytes | None:
-    """A file's bytes; None if it does not exist; InputError if it cannot be read."""
+    """A file's bytes; None if it does not exist; InputError if it cannot be read or is not
+    a regular file (a FIFO named like a WAL file would block a plain open forever: opened
+    non-blocking and checked with fstat first)."""
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _input_error(spec, f"{rel}: not a regular file; refused")
+            os.set_blocking(fd, True)
             return fh.read()
     except FileNotFoundError:
         return None

@@ -40,7 +40,7 @@ class RowsResult:
     buckets: int = 0
     buckets_differing: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {"missing": 0, "extra": 0,
-                                                            "differing": 0})
+                                                            "differing": 0, "duplicate": 0})
     per_replica: dict[tuple[int, int, str], int] = field(default_factory=dict)
     diffs: pa.Table | None = None          # the first max_diff_rows diff rows
     not_compared: list[dict[str, Any]] = field(default_factory=list)
@@ -328,7 +328,8 @@ class Frames:
                    .withColumn("present", e("array_distinct(transform(rs, x -> x.replica))"))
                    .withColumn("p", F.size("present"))
                    .withColumn("ref", e("array_max(transform(rs, x -> named_struct("
-                                        "'c', size(filter(rs, y -> y.h = x.h)),"
+                                        "'c', size(array_distinct(transform(filter(rs, y -> y.h = x.h),"
+                                        " y -> y.replica))),"
                                         " 'nr', -x.replica, 'replica', x.replica, 'h', x.h,"
                                         " 'version', x.version, 'epoch', x.epoch,"
                                         " 'vals', x.vals)))"))
@@ -347,12 +348,19 @@ class Frames:
         missing = item.format(kind="'missing'", rep="r", ver="CAST(NULL AS BIGINT)",
                               ep="CAST(NULL AS BIGINT)", vals="CAST(NULL AS STRING)",
                               **with_ref)
+        # A replica holding the key more than once (the same row twice in one file, say):
+        # its second copy, once per replica, whatever the other replicas hold.
+        second = "element_at(filter(rs, y -> y.replica = r), 2)"
+        duplicate = item.format(kind="'duplicate'", rep="r", ver=f"{second}.version",
+                                ep=f"{second}.epoch", vals=f"{second}.vals", **with_ref)
         diff_array = e(
-            f"CASE WHEN majority THEN concat("
+            f"concat(CASE WHEN majority THEN concat("
             f"transform(filter(rs, x -> x.h != ref.h), x -> {differing}),"
             f" transform(filter(sequence(1, n), r -> NOT array_contains(present, r)),"
             f" r -> {missing}))"
-            f" ELSE transform(rs, x -> {extra}) END")
+            f" ELSE transform(rs, x -> {extra}) END,"
+            f" transform(filter(present, r -> size(filter(rs, y -> y.replica = r)) > 1),"
+            f" r -> {duplicate}))")
         diffs = (per_key.select(*key, F.explode(diff_array).alias("d"))
                  .select(*key, "d.*")
                  .persist(StorageLevel.MEMORY_AND_DISK))

@@ -12,6 +12,8 @@ from typing import Any
 from vrepl.errors import VreplError
 
 CHECKS = ("rows", "files", "versions", "epochs", "schemas")
+# What the rows check finds per (vgroup, table, ts) key (docs/validation.md §rows).
+ROW_KINDS = ("missing", "extra", "differing", "duplicate")
 
 EXIT_AGREE = 0
 EXIT_DIFFER = 1

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vrepl.spark.model import CHECKS, EXIT_AGREE, EXIT_DIFFER, Finding
+from vrepl.spark.model import CHECKS, EXIT_AGREE, EXIT_DIFFER, ROW_KINDS, Finding
 
 REPORT_FORMAT = 1
 
@@ -86,8 +86,7 @@ class Report:
             "checks": {name: self.checks[name].to_json(self.examples) for name in CHECKS},
             "row_diffs": {"path": self.row_diffs_path,
                           "written": 0 if self.row_diffs is None else self.row_diffs.num_rows,
-                          "total": sum(rows.kinds.get(k, 0) for k in
-                                       ("missing", "extra", "differing"))},
+                          "total": sum(rows.kinds.get(k, 0) for k in ROW_KINDS)},
             "spark_log": self.spark_log,
         }
 

@@ -13,8 +13,11 @@ then configured by spark-submit (docs/validation.md §spark-submit).
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Any, Iterable, Mapping
@@ -53,6 +56,9 @@ BASE_CONF = {
     # The job names every archived file explicitly (only the manifest's files are data);
     # above this many paths Spark would run a distributed listing job per read (seconds).
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+    # Python workers run `python -m pyspark.daemon` in Spark's working directory: no current
+    # directory on their sys.path either (vrepl.child), so a source tree there is not imported.
+    "spark.executorEnv.PYTHONSAFEPATH": "1",
 }
 
 
@@ -75,21 +81,53 @@ def log4j2_config_path(level: str = DEFAULT_LOG_LEVEL, directory: str | None = N
     return path
 
 
-def java_missing() -> str | None:
-    """Why Spark cannot start here (no Java), or None."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and os.path.exists(os.path.join(java_home, "bin", "java")):
+JAVA_PACKAGE = "openjdk-17-jre-headless"   # Debian/Ubuntu; tools/install_system_deps.sh
+
+
+def _java_major(java: str) -> int | None:
+    """The major version `java -version` reports (8 for "1.8.0_x"), None if unreadable."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
         return None
-    if shutil.which("java") is None:
-        return ("Java is not installed (Spark needs Java 17 or newer: install"
-                " openjdk-17-jre-headless or set JAVA_HOME)")
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if m is None:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def _java_needed() -> int:
+    """Java major version the installed pyspark needs: 17 from Spark 4, 8 before."""
+    try:
+        return 17 if int(importlib.metadata.version("pyspark").split(".")[0]) >= 4 else 8
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return 17
+
+
+def java_missing() -> str | None:
+    """Why Spark cannot start here (no Java, or one too old for this pyspark), or None."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    need = _java_needed()
+    if java is None or not os.path.exists(java):
+        where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "java is not on PATH"
+        return (f"Java is not installed ({where}; Spark needs Java {need} or newer:"
+                f" apt-get install {JAVA_PACKAGE}, or set JAVA_HOME)")
+    have = _java_major(java)
+    if have is not None and have < need:
+        return (f"{java} is Java {have}; this Spark needs Java {need} or newer"
+                f" (apt-get install {JAVA_PACKAGE}, or set JAVA_HOME)")
     return None
 
 
 def session_conf(master: str | None, log_level: str, extra: Mapping[str, str] | None,
                  log4j_path: str) -> dict[str, str]:
     conf = dict(BASE_CONF)
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j_path}"
+    # The JVM's temporary files (Spark's local dirs, native libraries it unpacks) follow
+    # TMPDIR like Python's instead of /tmp, and no /tmp/hsperfdata_<user> (jstat's files).
+    java_opts = (f"-Dlog4j2.configurationFile=file:{log4j_path}"
+                 f" -Djava.io.tmpdir={tempfile.gettempdir()} -XX:-UsePerfData")
     conf["spark.driver.extraJavaOptions"] = java_opts
     conf["spark.executor.extraJavaOptions"] = java_opts
     if master is None or master.startswith("local"):
@@ -112,11 +150,14 @@ def start_session(master: str | None = None, *, app_name: str = "vrepl-validate"
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise SparkJobError("pyspark is not installed (pip install 'vrepl[spark]')") from None
+        raise SparkJobError("pyspark is not installed (python3 -m pip install pyspark)") from None
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    log4j = log4j2_config_path(log_level)
+    # Beside the log when there is one (the demo's directory, validate's --out), so nothing
+    # is left behind in the temporary directory.
+    log4j = log4j2_config_path(log_level, os.path.dirname(os.path.abspath(log_path))
+                               if log_path else None)
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
@@ -134,6 +175,36 @@ def start_session(master: str | None = None, *, app_name: str = "vrepl-validate"
     quiet_python_loggers()
     spark.vrepl_log_path = log_path      # where the JVM's console output went
     return spark
+
+
+def stop_jvm(timeout_s: float = 30.0) -> None:
+    """End the JVM PySpark launched for this process and wait for it. SparkSession.stop()
+    keeps the JVM for a later session; a caller that is done with Spark (the demo) calls
+    this so that nothing of Spark outlives its work: the JVM's shutdown hooks have removed
+    its temporary directories when this returns. Not for a process spark-submit started
+    (that JVM is spark-submit's; PySpark then holds no process of its own)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None or proc is None:
+        return
+    try:
+        gateway.shutdown()
+    except Exception:   # the connection is already gone: the JVM ends all the same
+        pass
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    # The JVM exits when its stdin (a pipe from this process) closes (PythonGatewayServer).
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 class _jvm_output_to:

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from vrepl import wal as _wal
 from vrepl.spark import checks as C
 from vrepl.spark.inputs import ReplicaData, load_replicas
-from vrepl.spark.model import CHECKS, Finding, InputError, SparkJobError, make_specs
+from vrepl.spark.model import CHECKS, ROW_KINDS, Finding, InputError, SparkJobError, make_specs
 from vrepl.spark.report import CheckResult, Report
 
 DEFAULT_BUCKET_MS = 3_600_000      # digest bucket: one hour of ts per (table, bucket)
@@ -157,7 +157,7 @@ def _spark_checks(spark: Any, replicas: list[ReplicaData], results: dict[str, Ch
     rc.notes = rows.not_compared
     rc.by_replica = [{"vgroup": vg, "replica": rep, "kind": kind, "rows": n}
                      for (vg, rep, kind), n in sorted(rows.per_replica.items())]
-    for kind in ("missing", "extra", "differing"):
+    for kind in ROW_KINDS:
         if rows.counts[kind]:
             rc.kinds[kind] = rows.counts[kind]
     if rows.diffs is not None:
@@ -200,6 +200,9 @@ def _row_finding(d: dict[str, Any]) -> Finding:
     elif kind == "extra":
         msg = (f"{where}: extra row (version {d['version']} epoch {d['epoch']}"
                f" {d['values']}; most replicas do not have it)")
+    elif kind == "duplicate":
+        msg = (f"{where}: held more than once by this replica (another copy: version {d['version']}"
+               f" epoch {d['epoch']} {d['values']}); a vnode holds one row per table and ts")
     else:
         msg = (f"{where}: version {d['version']} epoch {d['epoch']} {d['values']}; replica"
                f" {d['ref_replica']} has version {d['ref_version']} epoch {d['ref_epoch']}"

@@ -14,11 +14,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from vrepl.child import python_argv
 
 LOOPBACK = "127.0.0.1"
 
@@ -100,7 +101,7 @@ class ProcessCluster:
             np_.events = []
             np_.stopped = False
             np_.proc = subprocess.Popen(
-                [sys.executable, "-m", "vrepl.testing.node_runner", np_.config_path],
+                python_argv("-m", "vrepl.testing.node_runner", np_.config_path),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=open(np_.log_file + ".stderr", "ab"),

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import os
 import signal
 import sys
@@ -33,6 +32,7 @@ import time
 
 from vrepl.config import SyncConfig
 from vrepl.errors import VreplError
+from vrepl.logsetup import setup_logging
 from vrepl.replica import ConfirmStatus
 from vrepl.sync import FlowControlError, SyncCallbacks, SyncInstance
 
@@ -255,15 +255,8 @@ def run_node_process(argv: list[str] | None, make_node) -> int:
     _die_with_parent()
     with open(argv[0]) as fh:
         conf = json.load(fh)
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if conf.get("log_file"):
-        handlers = [logging.FileHandler(conf["log_file"])]
-    logging.basicConfig(
-        level=getattr(logging, conf.get("log_level", "INFO")),
-        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(message)s",
-        datefmt="%H:%M:%S",
-        handlers=handlers,
-    )
+    setup_logging(level=conf.get("log_level", "INFO"), log_file=conf.get("log_file") or None,
+                  log_format=conf.get("log_format", "text"))
     node = make_node(conf)
     try:
         node.start()

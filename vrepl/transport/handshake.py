@@ -41,10 +41,13 @@ _LABEL = b"vrepl-hello-v1 "
 
 
 class HandshakeError(VreplError, ConnectionError):
-    """The handshake failed; `reason` says why (logged by the caller, then the connection is closed)."""
+    """The handshake failed; `reason` says why (logged by the caller, then the connection is
+    closed); `code` is its class for counting (docs/operations.md §Metrics, connection
+    refusals): hello_refused, wrong_secret, bad_handshake."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, code: str = "bad_handshake"):
         self.reason = reason
+        self.code = code
         super().__init__(reason)
 
 
@@ -129,7 +132,7 @@ class ServerHandshake:
                 raise HandshakeError(f"hello with unknown connection kind {msg.kind}")
             reason = self.check_hello(msg)
             if reason:
-                raise HandshakeError(reason)
+                raise HandshakeError(reason, "hello_refused")
             self.hello = msg
             self._state = "wait_auth"
             proof = make_proof(self.secret, "server", msg, self.node, self.nonce)
@@ -139,7 +142,8 @@ class ServerHandshake:
             expected = make_proof(self.secret, "client", self.hello, self.node, self.nonce)
             if not hmac.compare_digest(expected, msg.proof):
                 raise HandshakeError(
-                    f"wrong proof from n{self.hello.node} for vg{self.hello.vgroup_id} (cluster secret differs)"
+                    f"wrong proof from n{self.hello.node} for vg{self.hello.vgroup_id} (cluster secret differs)",
+                    "wrong_secret",
                 )
             self._state = "done"
             self.done = True

@@ -39,7 +39,18 @@ class IoLoop:
         try:
             self.loop.run_forever()
         finally:
-            self.loop.close()
+            try:
+                # As asyncio.run does: let tasks cancelled by the last stop() finish (a
+                # reconnect loop in wait_for, say), or asyncio logs "Task was destroyed but
+                # it is pending!" at ERROR when the loop closes under them.
+                pending = asyncio.all_tasks(self.loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
 
     @staticmethod
     def shared() -> "IoLoop":

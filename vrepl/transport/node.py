@@ -25,7 +25,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from vrepl._core.framebuf import FrameBuffer
-from vrepl.errors import ConfigError, FrameError
+from vrepl.errors import ConfigError, FrameError, ListenError
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.handshake import (
@@ -136,7 +136,8 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self.nt.pending_handshakes.add(self)
             if len(self.nt.pending_handshakes) > MAX_PENDING_HANDSHAKES:
-                self.abort(f"more than {MAX_PENDING_HANDSHAKES} connections in handshake", logging.WARNING)
+                self.abort(f"more than {MAX_PENDING_HANDSHAKES} connections in handshake", logging.WARNING,
+                           refusal="too_many_handshakes")
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # recv_into the frame buffer's free space: no intermediate bytes object per read.
@@ -155,7 +156,8 @@ class Connection(asyncio.BufferedProtocol):
                     return
             self._on_frames()
         except (FrameError, HandshakeError) as exc:
-            self.abort(str(exc), logging.WARNING)
+            code = exc.code if isinstance(exc, HandshakeError) else "bad_frame"
+            self.abort(str(exc), logging.WARNING, refusal=code)
 
     def eof_received(self) -> bool | None:
         self.close_reason = self.close_reason or "closed by the other side"
@@ -196,7 +198,7 @@ class Connection(asyncio.BufferedProtocol):
     def _handshake_timeout(self, timeout_s: float) -> None:
         self._timer = None
         if not self.authenticated and not self.closed:
-            self.abort(f"handshake not finished within {timeout_s:g} s", logging.WARNING)
+            self.abort(f"handshake not finished within {timeout_s:g} s", logging.WARNING, refusal="handshake_timeout")
 
     def _check_hello(self, hello: codec.Hello) -> str | None:
         return self.nt.check_hello(hello)
@@ -225,7 +227,7 @@ class Connection(asyncio.BufferedProtocol):
             assert hello is not None
             inst = self.nt.instances.get(hello.vgroup_id)
             if inst is None:  # stopped while we were shaking hands
-                raise HandshakeError(f"vg{hello.vgroup_id} stopped during the handshake")
+                raise HandshakeError(f"vg{hello.vgroup_id} stopped during the handshake", "hello_refused")
             if self.frames.buffered:
                 raise HandshakeError(f"{self.frames.buffered} bytes sent before the handshake finished")
             self.instance = inst
@@ -316,12 +318,16 @@ class Connection(asyncio.BufferedProtocol):
         """Wait until the send queue is below its low-water mark (or the connection closed)."""
         await self._resumed.wait()
 
-    def abort(self, reason: str, level: int = logging.INFO) -> None:
-        """Close now, dropping anything unsent, with a logged reason."""
+    def abort(self, reason: str, level: int = logging.INFO, refusal: str | None = None) -> None:
+        """Close now, dropping anything unsent, with a logged reason; `refusal` (a reason
+        code) counts it in the node's refusals (docs/operations.md §Metrics)."""
         if self.closed:
             return
         self.closed = True
         self.close_reason = reason
+        if refusal is not None:
+            refusals = self.nt.refusals
+            refusals[refusal] = refusals.get(refusal, 0) + 1
         self._out.clear()
         log.log(level, "%s: %s closed: %s", self.prefix(), self.describe(), reason)
         if self.transport is not None:
@@ -345,7 +351,9 @@ class NodeTransport:
         self.server: asyncio.AbstractServer | None = None
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
-        self.refused = 0  # connections closed in the handshake
+        # Connections closed for what the other side sent, by reason code (HandshakeError.code,
+        # handshake_timeout, too_many_handshakes, bad_frame): the refusals metric.
+        self.refusals: dict[str, int] = {}
         self.restore_limiter: "RestoreLimiter | None" = None  # max_concurrent_restores for this node
 
     @classmethod
@@ -364,7 +372,7 @@ class NodeTransport:
                 )
             except OSError as exc:
                 del cls._registry[key]
-                raise ConfigError(f"cannot listen on {me.host}:{me.port}: {exc.strerror or exc}") from None
+                raise ListenError(f"{me.host}:{me.port}", "replication", exc) from None
             log.info("n%d: listening on %s:%d", me.node, me.host, me.port)
         if nt.node != me.node:
             raise ConfigError(f"{me.host}:{me.port} is node {nt.node}, vg{instance.cfg.vgroup_id} says node {me.node}")

@@ -23,6 +23,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -125,7 +126,8 @@ class WalStore:
     """The WAL of one sync instance plus its promise file, written from one WAL thread.
 
     `on_durable(version)` and `on_truncated(last_epoch, last_version)` and `on_error(exc)`
-    are called on the WAL thread, in job order.
+    are called on the WAL thread, in job order; `on_group_commit(seconds)` (optional) once
+    per group commit, with how long its write and fdatasync took.
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class WalStore:
         on_durable: Callable[[int], None],
         on_truncated: Callable[[int, int], None],
         on_error: Callable[[BaseException], None],
+        on_group_commit: Callable[[float], object] | None = None,
         name: str = "vrepl-wal",
     ) -> None:
         self.data_path = data_path
@@ -150,6 +153,7 @@ class WalStore:
         self._on_durable = on_durable
         self._on_truncated = on_truncated
         self._on_error = on_error
+        self._on_group_commit = on_group_commit
         self._name = name
         self._writer: _wal.WalWriter | None = None
         self._jobs: deque[tuple] = deque()
@@ -305,7 +309,11 @@ class WalStore:
                 block = blocks[0] if len(blocks) == 1 else b"".join(blocks)
                 assert self._writer is not None
                 # One write and one fdatasync for everything queued (group commit).
+                observe = self._on_group_commit
+                began = time.perf_counter() if observe is not None else 0.0
                 self._writer.append_encoded(block)
+                if observe is not None:
+                    observe(time.perf_counter() - began)
                 self.appended_bytes += len(block)
                 self.fsyncs += 1
                 continue

@@ -12,14 +12,13 @@ fsync table are an upper bound for what a durable PySyncObj would do.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from .. import jsonline
 from ..install import ensure_pip
-from ..procs import ProcessRegistry, free_ports
+from ..procs import ProcessRegistry, bench_module_argv, free_ports
 from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -49,8 +48,8 @@ class PySyncObjDriver(Driver):
     def start(self, workdir: Path, fsync: bool, procs: ProcessRegistry) -> None:
         ports = free_ports(3)
         for i, port in enumerate(ports):
-            argv = [sys.executable, "-m", "bench.compare.pysyncobj_node", str(port),
-                    *[str(p) for p in ports if p != port]]
+            argv = bench_module_argv("bench.compare.pysyncobj_node", str(port),
+                                     *[str(p) for p in ports if p != port])
             if fsync:
                 argv += ["--journal", str(workdir / f"pysyncobj{i}.journal")]
             self.nodes.append(procs.spawn(f"pysyncobj{i}", argv, stdin=subprocess.PIPE,

@@ -39,13 +39,14 @@ import importlib
 import json
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from .. import jsonline
-from ..procs import ProcessRegistry, free_ports
+from vrepl.child import python_argv
+
+from ..procs import ProcessRegistry, bench_module_argv, free_ports
 from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -154,8 +155,8 @@ class VreplClientDriver(Driver):
         self.cluster = c = LocalCluster(str(self.data_base), 3, vgroup=self.vgroup, quorum=2,
                                         log_level="WARNING")
         for nid, node in c.nodes.items():
-            node.proc = procs.spawn(f"vrepl-n{nid}", [sys.executable, "-m", "vrepl.cli", "node",
-                                                      "--config", node.config_path],
+            node.proc = procs.spawn(f"vrepl-n{nid}", python_argv("-m", "vrepl.cli", "node",
+                                                                "--config", node.config_path),
                                     cwd=REPO_ROOT)
         c.wait_ready(timeout_s=30)
         c.wait_master(slaves=2, timeout_s=30)
@@ -218,8 +219,8 @@ class VreplLibDriver(Driver):
             path = workdir / f"vrepl-lib{i + 1}.json"
             path.write_text(json.dumps(conf))
             self.nodes.append(procs.spawn(
-                f"vrepl-lib{i + 1}", [sys.executable, "-m", "bench.compare.vrepl_lib_node",
-                                      str(path)],
+                f"vrepl-lib{i + 1}", bench_module_argv("bench.compare.vrepl_lib_node",
+                                                    str(path)),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT))
         deadline = time.monotonic() + 30
         while self.master is None:

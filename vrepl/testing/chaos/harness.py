@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from vrepl.child import python_argv
 from vrepl.node.local import _die_with_parent, free_ports, render_toml
 from vrepl.testing.chaos import check as _check
 from vrepl.testing.chaos.netns import NemesisUnsupported, Topology, namespaces_available
@@ -65,9 +66,9 @@ def want_namespaces(namespaced: bool | None) -> bool:
 
 
 def _command(script: str, module: str) -> list[str]:
-    """The installed console script (what an operator runs), else `python -m module`."""
+    """The installed console script (what an operator runs), else `python -P -m module`."""
     path = os.path.join(os.path.dirname(sys.executable), script)
-    return [path] if os.access(path, os.X_OK) else [sys.executable, "-m", module]
+    return [path] if os.access(path, os.X_OK) else python_argv("-m", module)
 
 
 @dataclass
@@ -288,7 +289,8 @@ class ChaosCluster:
             self.arb = Proc("arb", [*topo.exec_prefix("arb"), *_command("vrepl-arbitrator", "arbitrator.main"),
                                     "--host", host, "--port", port, "--secret-file",
                                     os.path.join(d, "secret"), "--state-dir", os.path.join(d, "state"),
-                                    "--lease-ms", str(ARB_LEASE_MS), "--log-file", self.arb_log],
+                                    "--lease-ms", str(ARB_LEASE_MS), "--log-file", self.arb_log,
+                                    "--metrics-listen", "127.0.0.1:0"],
                             os.path.join(d, "stderr.log"), stdin=False)
         wconf = {"nodes": {str(i): http[i] for i in http}, "vgroup": VGROUP, "clients": clients,
                  "history_path": self.history_path, "op_timeout_s": self.op_timeout_s,
@@ -296,8 +298,8 @@ class ChaosCluster:
         wpath = os.path.join(self.dir, "workload.json")
         with open(wpath, "w") as fh:
             json.dump(wconf, fh)
-        self.workload = Proc("workload", [*topo.exec_prefix("cl"), sys.executable, "-m",
-                                          "vrepl.testing.chaos.workload", wpath],
+        self.workload = Proc("workload", [*topo.exec_prefix("cl"), *python_argv("-m",
+                                          "vrepl.testing.chaos.workload", wpath)],
                              os.path.join(self.dir, "workload.stderr"))
 
     # -- processes -----------------------------------------------------------------------------
@@ -509,7 +511,7 @@ class ChaosCluster:
         else:
             argv = ["flip", self.wal_dir(i), os.path.basename(last), str(max(0, size - nbytes))]
         if os.path.exists(tool):
-            out = subprocess.run([sys.executable, tool, *argv], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(python_argv(tool, *argv), capture_output=True, text=True, timeout=30)
             text = (out.stdout + out.stderr).strip()
         else:  # installed without the tools/ directory: same operation inline
             if how == "truncate":

@@ -1,0 +1,165 @@
+"""`vrepl wal ...` and `vrepl replay` on hostile WAL directories, as real processes (issue 14,
+Deliver 9; docs/wal-format.md §Command line, docs/restore.md §8): a FIFO named like a WAL
+file is refused without being opened (no hang), a directory without WAL files is not
+"clean", a torn last record is reported by replay, and corruption after --to-version N does
+not stop the good prefix from being rebuilt."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vrepl import wal
+from vrepl.vnode import Vnode
+from vrepl.vnode.config import VnodeConfig
+from vrepl.vnode.rows import encode_rows
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def vrepl(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vrepl.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def one_error(out: subprocess.CompletedProcess) -> str:
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vrepl: error: "), out.stderr
+    return lines[0]
+
+
+def write_wal(d, n: int, max_file_bytes: int = 64 * 1024 * 1024) -> None:
+    with wal.WalWriter(str(d), wal.WalOptions(max_file_bytes=max_file_bytes, durability="none")) as w:
+        for v in range(1, n + 1):
+            w.append(encode_rows([["t", 1000 + v, {"v": v}]]), epoch=1)
+
+
+@pytest.mark.parametrize("command", [["wal", "verify"], ["wal", "repair"], ["wal", "dump"], ["replay"]])
+@pytest.mark.parametrize("which", ["only", "last"])
+def test_a_fifo_named_like_a_wal_file_is_refused_not_opened(tmp_path, command, which):
+    d = tmp_path / "wal"
+    d.mkdir()
+    if which == "last":
+        write_wal(d, 3)
+        os.mkfifo(d / wal.wal_file_name(1))
+    else:
+        os.mkfifo(d / wal.wal_file_name(0))
+    args = [*command, str(d)] if command[0] == "wal" else ["replay", "--wal", str(d), "--data",
+                                                            str(tmp_path / "data"), "--no-progress"]
+    out = vrepl(*args, timeout=20)  # opening the FIFO for reading would block forever
+    assert out.returncode == 2, out.stderr
+    assert "not a regular file (a FIFO); refused" in one_error(out)
+    assert out.stdout == ""
+
+
+def test_a_fifo_index_is_ignored(tmp_path):
+    d = tmp_path / "wal"
+    write_wal(d, 200, max_file_bytes=4096)
+    idx = d / wal.index_file_name(0)
+    assert idx.exists()
+    idx.unlink()
+    os.mkfifo(idx)
+    out = vrepl("wal", "dump", str(d), "--from-version", "150", timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "# 51 records\n"
+    assert vrepl("wal", "verify", str(d), timeout=20).returncode == 0
+
+
+def test_a_symlink_named_like_a_wal_file_is_refused(tmp_path):
+    d = tmp_path / "wal"
+    write_wal(d, 3)
+    os.symlink("/dev/zero", d / wal.wal_file_name(1))
+    out = vrepl("wal", "verify", str(d), timeout=20)
+    assert out.returncode == 2
+    assert "not a regular file (a symlink); refused" in one_error(out)
+
+
+def test_wal_verify_of_a_directory_without_wal_files_is_an_error(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    (d / "notes.txt").write_text("not a WAL")
+    out = vrepl("wal", "verify", str(d))
+    assert out.returncode == 2
+    assert one_error(out) == f"vrepl: error: {d}: no WAL file found (no NNNNNNNNNNNN.wal)"
+    assert out.stdout == ""
+    write_wal(d, 2)
+    out = vrepl("wal", "verify", str(d))
+    assert out.returncode == 0 and out.stdout == f"{d}: clean: 1 files, versions 1..2\n"
+
+
+@pytest.mark.parametrize("damage", ["torn", "bad_crc"])
+def test_replay_says_it_left_out_a_torn_last_record(tmp_path, damage):
+    d = tmp_path / "wal"
+    write_wal(d, 5)
+    path = d / wal.wal_file_name(0)
+    size = path.stat().st_size
+    if damage == "torn":
+        with open(path, "ab") as fh:  # a crash mid-write: half a record
+            fh.write(wal._rec.encode_record(1, 6, 1, encode_rows([["t", 1006, {"v": 6}]]))[:30])
+    else:  # the last record's payload damaged, nothing valid after it
+        with open(path, "r+b") as fh:
+            fh.seek(size - 1)
+            last = fh.read(1)
+            fh.seek(size - 1)
+            fh.write(bytes([last[0] ^ 0xFF]))
+    data = tmp_path / "data"
+    out = vrepl("replay", "--wal", str(d), "--data", str(data), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vrepl: warning: "), out.stderr
+    last_good = 5 if damage == "torn" else 4
+    assert f"torn tail at offset" in lines[0] and f"(last good version {last_good})" in lines[0]
+    assert "that record was not replayed" in lines[0]
+    assert out.stdout.startswith(f"replayed v1..v{last_good} ")
+    v = Vnode(str(data), VnodeConfig(fsync=False))
+    assert v.archived_version == last_good
+    assert [r["v"] for r in v.query("t", 0, 1 << 60)] == list(range(1, last_good + 1))
+    v.close()
+    # Asking beyond the good records is out of range (exit 2), one line.
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "d2"), "--to-version", "6", "--no-progress")
+    assert out.returncode == 2
+    assert f"ends in a torn record after v{last_good}" in one_error(out)
+
+
+def corrupt_middle(d, n: int, at_version: int) -> None:
+    """Damage record `at_version`'s payload in a log of n records (valid records follow it:
+    corruption, not a torn tail)."""
+    path = d / wal.wal_file_name(0)
+    recs = wal.read_records(str(d))
+    offset = 0
+    for r in recs[:at_version - 1]:
+        offset += wal.HEADER_SIZE + len(r.payload)
+    with open(path, "r+b") as fh:
+        fh.seek(offset + wal.HEADER_SIZE + 2)
+        b = fh.read(1)
+        fh.seek(offset + wal.HEADER_SIZE + 2)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_replay_to_a_version_before_the_corruption_rebuilds_the_good_prefix(tmp_path):
+    d = tmp_path / "wal"
+    write_wal(d, 10)
+    corrupt_middle(d, 10, 8)
+    assert vrepl("wal", "verify", str(d)).returncode == 1
+    # Without --to-version: refused, one line, with the way out.
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "all"), "--no-progress")
+    assert out.returncode == 1
+    line = one_error(out)
+    assert "corrupt at offset" in line and "last good version 7" in line
+    assert "'vrepl replay --to-version 7' rebuilds the good prefix" in line
+    assert not os.path.exists(tmp_path / "all" / "data")
+    # --to-version beyond the corruption: refused the same way.
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "all"), "--to-version", "9", "--no-progress")
+    assert out.returncode == 1 and "last good version 7" in one_error(out)
+    # --to-version N before it: the prefix is rebuilt, exit 0, nothing on stderr.
+    for n in (5, 7):
+        data = tmp_path / f"to{n}"
+        out = vrepl("replay", "--wal", str(d), "--data", str(data), "--to-version", str(n), "--no-progress")
+        assert out.returncode == 0, out.stderr
+        assert out.stderr == "" and out.stdout.startswith(f"replayed v1..v{n} ({n} records)")
+        v = Vnode(str(data), VnodeConfig(fsync=False))
+        assert v.archived_version == n
+        assert [r["v"] for r in v.query("t", 0, 1 << 60)] == list(range(1, n + 1))
+        v.close()
