@@ -4,7 +4,7 @@ namespace, an optional arbitrator, the nemesis, and the final heal-and-check.
 Each node is the real CLI entry, `vrepl node --config node.toml` (docs/operations.md), one
 process per node. The harness (this process, in the root namespace) never opens a socket:
 it learns a node's readiness from its one "ready" line on stdout, its role history from the
-role lines of its log file (`vg7 n2: role master, epoch 3, master 2`), and everything else
+role lines of its log file (ROLE_LINE), and everything else
 (status, its own writes, reading every table from every replica) through the workload
 process in the client namespace, over its stdin/stdout pipes. In the loopback fallback the
 same processes run on 127.0.0.1 ports and the faults that need namespaces or root raise
@@ -41,8 +41,9 @@ HTTP_PORT = 7100
 ARB_PORT = 6042
 ARB_LEASE_MS = 2500  # >= the replicas' arbitrator_lease_ticks x tick_ms (2000) plus a margin
 # Flush often, so that faults meet flushes (docs/reliability.md §Nodes): by rows every
-# ~0.4 s at the workload's rate, by age after 1 s (an isolated master's memtable is archived
-# well within any isolation); one archived file per minute of a table's ts (600 writes).
+# ~0.4 s at the workload's rate, by age after 1 s (an isolated master's memtable comes due
+# well within any isolation: only what the group committed may be archived then, issue 13);
+# one archived file per minute of a table's ts (600 writes).
 CHAOS_VNODE = {"memtable_max_rows": 200, "memtable_max_age_ms": 1000, "file_span_ms": 60_000}
 CHAOS_NODE = {"flush_check_ms": 200}
 # The log line of every role change, in the node's text log format: the node's own
