@@ -1,7 +1,9 @@
 """The fault schedules (vrepl/testing/chaos/schedules.py), one test each, named after the
-failure it prevents. Each builds its own cluster, runs the workload under the fault, heals,
-converges and checks: every confirmed write on every replica, no phantom or duplicated
-record, identical logs, at most one master per epoch.
+failure it prevents. Each builds its own cluster of shipped `vrepl node` processes, runs the
+workload under the fault, heals, converges and checks, reading every table from every
+replica through the client API: every acknowledged write on every replica at the version it
+was confirmed at, no phantom, altered or duplicated row, replicas identical row for row,
+identical WALs, at most one master per epoch.
 
 As root they run in network namespaces (required: no silent fallback); otherwise on
 127.0.0.1, and the schedules that need partitions, packet loss or tmpfs are skipped, named.

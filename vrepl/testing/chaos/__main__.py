@@ -1,6 +1,6 @@
 """Run chaos schedules and print their figures (docs/reliability.md).
 
-    python -m vrepl.testing.chaos [--runs N] [--long] [--loopback] [--json OUT] [SCHEDULE ...]
+    python -m vrepl.testing.chaos [--runs N] [--long] [--loopback] [--json OUT] [--keep DIR] [SCHEDULE ...]
     python -m vrepl.testing.chaos --list
 
 Each run prints one JSON line (schedule, run, verdict counts, times); the exit code is 1 if
@@ -10,7 +10,9 @@ any run lost a confirmed write, diverged or had two masters in one epoch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -46,6 +48,13 @@ def table(path: str) -> str:
     return "\n".join(out)
 
 
+def _run_dir(keep: str | None):
+    if keep is None:
+        return tempfile.TemporaryDirectory(prefix="vrepl-chaos-run-")
+    os.makedirs(keep, exist_ok=True)
+    return contextlib.nullcontext(tempfile.mkdtemp(prefix="run-", dir=keep))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vrepl.testing.chaos")
     ap.add_argument("schedules", nargs="*")
@@ -53,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", action="store_true")
     ap.add_argument("--loopback", action="store_true", help="do not use network namespaces")
     ap.add_argument("--json", help="append every run's figures to this file")
+    ap.add_argument("--keep", metavar="DIR", help="keep every run's directory (logs, history, rows) under DIR")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--table", metavar="JSONL", help="print a Markdown table of the figures in JSONL")
     args = ap.parse_args(argv)
@@ -71,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         for run in range(args.runs):
             t0 = time.monotonic()
-            with tempfile.TemporaryDirectory(prefix="vrepl-chaos-run-") as d:
+            with _run_dir(args.keep) as d:
                 try:
                     res = SCHEDULES[name](d, long=args.long, namespaced=False if args.loopback else None)
                     row = {"schedule": name, "run": run, "safe": res.safe, **res.summary()}
