@@ -53,6 +53,9 @@ PAYLOAD_HEADER_RID = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_RID])
 # they would stay uncommitted, and unarchivable, until the next client write.
 PAYLOAD_FORMAT_NOOP = 3
 NOOP_PAYLOAD = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_NOOP])
+# Format 8 names a round of ingested files, not rows (docs/vnode.md §9.2): "VRB" 0x08 + a
+# JSON object; vrepl/vnode/staging.py owns its layout and decoding.
+PAYLOAD_FORMAT_FILES = 8
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 REQUEST_ID_RULE = "[A-Za-z0-9_.:-]{1,64}"
 
@@ -314,6 +317,9 @@ def payload_invalid_header(payload: bytes | memoryview) -> str | None:
             return (f"a no-op payload (format {PAYLOAD_FORMAT_NOOP}) with"
                     f" {len(payload) - len(NOOP_PAYLOAD)} bytes after its header (it has none)")
         return None
+    if payload[3] == PAYLOAD_FORMAT_FILES:
+        return (f"format {PAYLOAD_FORMAT_FILES} names a round of ingested files, not rows"
+                " (vrepl.vnode.staging decodes it)")
     if payload[3] != PAYLOAD_FORMAT:
         return (f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT},"
                 f" {PAYLOAD_FORMAT_RID} and {PAYLOAD_FORMAT_NOOP})")
