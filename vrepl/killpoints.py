@@ -6,10 +6,12 @@ product code calls at each step of a crash-sensitive sequence. It does nothing u
 point is armed, so it stays in production code at the cost of one dict lookup.
 
 Arming:
-* `VREPL_KILLPOINT=name[@N][,name[@N]...]` in the environment of a process (read once, at
+* `VREPL_KILLPOINT=name[@N][:stop][,...]` in the environment of a process (read once, at
   the first call): the process SIGKILLs itself (no cleanup, no flush, no atexit: a real
   crash) the N-th time (default 1st) it reaches `name`. Tests start a real `vrepl node`
   with it, then restart the node without it and check what recovery made of the crash.
+  With `:stop` the process SIGSTOPs itself instead (every thread freezes there until a
+  SIGCONT): a test changes the world at that exact step, then lets it go on.
 * `arm(name, action, hit=1)` in-process (unit tests): `action()` runs instead of the kill,
   typically raising SimulatedCrash; `disarm()` clears everything.
 
@@ -29,7 +31,7 @@ from typing import Callable
 ENV = "VREPL_KILLPOINT"
 
 _registry: dict[str, str] = {}
-_armed: dict[str, list] = {}          # name -> [hit number, action or None, hits so far]
+_armed: dict[str, list] = {}   # name -> [hit number, action / signal / None (kill), hits]
 _env_read = False
 _lock = threading.Lock()
 
@@ -53,26 +55,31 @@ def registered(prefix: str = "") -> dict[str, str]:
     return {k: v for k, v in sorted(_registry.items()) if k.startswith(prefix)}
 
 
-def parse_spec(text: str) -> dict[str, int]:
-    """`name[@N],...` -> {name: N}; ValueError with the reason when malformed."""
-    out: dict[str, int] = {}
+def parse_spec(text: str) -> dict[str, tuple[int, int]]:
+    """`name[@N][:stop],...` -> {name: (N, signal)}; ValueError with the reason when
+    malformed."""
+    out: dict[str, tuple[int, int]] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, hit = part.partition("@")
+        spec, _, how = part.partition(":")
+        if how not in ("", "kill", "stop"):
+            raise ValueError(f"{ENV}: {part!r}: after ':' comes kill or stop")
+        sig = signal.SIGSTOP if how == "stop" else signal.SIGKILL
+        name, _, hit = spec.partition("@")
         try:
             n = int(hit) if hit else 1
         except ValueError:
             raise ValueError(f"{ENV}: {part!r}: the hit count after @ is not an integer") from None
         if n < 1:
             raise ValueError(f"{ENV}: {part!r}: the hit count must be >= 1")
-        out[name] = n
+        out[name] = (n, sig)
     return out
 
 
 def _read_env() -> None:
     global _env_read
     _env_read = True
-    for name, hit in parse_spec(os.environ.get(ENV, "")).items():
-        _armed.setdefault(name, [hit, None, 0])
+    for name, (hit, sig) in parse_spec(os.environ.get(ENV, "")).items():
+        _armed.setdefault(name, [hit, sig, 0])
 
 
 def arm(name: str, action: Callable[[], None] | None = None, hit: int = 1) -> None:
@@ -113,7 +120,7 @@ def killpoint(name: str) -> None:
         if entry[2] != entry[0]:
             return
         action = entry[1]
-    if action is not None:
+    if callable(action):
         action()
         return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL if action is None else action)

@@ -13,6 +13,8 @@ Routes (each request is counted under its route pattern, docs/operations.md §Me
     POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}]
     GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
     GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
+    POST /v1/vgroups/{id}/ingest                      body: {"files": [...], "kind", "meta"}: a round
+                                                      of files in the vgroup's staging directory
     GET  /metrics                                     Prometheus text format (vrepl/node/metrics.py)
 
 With http.token_file set, every route needs `Authorization: Bearer <token>` (checked in
@@ -49,9 +51,11 @@ ROUTE_STATUS = "/v1/status"
 ROUTE_WRITE = "/v1/vgroups/{id}/write"
 ROUTE_ROWS = "/v1/vgroups/{id}/rows"
 ROUTE_TABLES = "/v1/vgroups/{id}/tables"
+ROUTE_INGEST = "/v1/vgroups/{id}/ingest"
 ROUTE_METRICS = "/metrics"
 ROUTE_OTHER = "other"    # no such route (404)
-VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES}
+VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES,
+                 "ingest": ROUTE_INGEST}
 
 # The cyclic GC's thresholds in a node process (docs/perf.md §gc). With CPython's default
 # (700, 10, 10) a collection runs every 700 container allocations, and the older generations
@@ -215,6 +219,10 @@ class Node:
                 if req.method != "GET":
                     return error(405, "bad_method", f"{req.method} {req.path}: use GET")
                 return vg.tables()
+            if parts[3] == "ingest":
+                if req.method != "POST":
+                    return error(405, "bad_method", f"{req.method} {req.path}: use POST")
+                return vg.ingest_http(req.body)
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
 
     def _vgroup(self, text: str) -> VgroupHost | Response:

@@ -102,6 +102,8 @@ class Config:
     last_version: int = 0
     last_epoch: int = 0
     epoch_history: tuple[tuple[int, int], ...] | None = None
+    # What the app persisted as its acks promise, when less than the WAL (None: all of it).
+    app_acked_version: int | None = None
     promised_epoch: int = 0
     promised_master: int = NO_NODE
     arbitrator: bool = False
@@ -235,7 +237,9 @@ class Replica:
         else:
             self.history = EpochHistory(config.epoch_history)
         self.durable_version = config.last_version  # the WAL we start from is on disk
-        self.app_acked_version = config.last_version
+        # The app may have persisted less than the WAL holds (docs/vnode.md §9.3).
+        self.app_acked_version = config.last_version if config.app_acked_version is None \
+            else min(config.app_acked_version, config.last_version)
         # Commit index (docs/design.md §4.4): every version <= commit_version is in the log of
         # every future master, so it is never truncated and the app may archive it. Never
         # decreases within a run; 0 after a restart (the app keeps its own archived version).

@@ -339,6 +339,15 @@ class Vnode:
         with self._lock:
             return list(self._ingests.values())
 
+    def pending_ingest(self, version: int) -> PendingIngest | None:
+        with self._lock:
+            return self._ingests.get(version)
+
+    def first_unstaged_ingest(self) -> int | None:
+        """The version of the first pending round whose files are not all staged, or None."""
+        with self._lock:
+            return next((v for v, p in self._ingests.items() if not p.staged), None)
+
     def ingest_staged(self, version: int) -> bool:
         """Check again whether every file of the round at `version` is staged (the node
         staged the missing ones); True if so (or if it is no longer pending)."""
