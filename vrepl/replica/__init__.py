@@ -53,6 +53,7 @@ from vrepl.replica.events import (
     TruncateDone,
     WalPersisted,
 )
+from vrepl.replica.follower import CUTS_COMMITTED_RECORDS
 from vrepl.replica.invariant import InvariantViolation, invariant
 from vrepl.replica.lease import LeaseTable
 from vrepl.replica.messages import (

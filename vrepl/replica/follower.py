@@ -28,7 +28,6 @@ from vrepl.replica.actions import (
 from vrepl.replica.events import AppRecover, LogRebased, RestoreBegun, RestoredRecords, RestoreEnded
 from vrepl.replica.forward import SyncCache
 from vrepl.replica.history import EpochHistory, history_invalid
-from vrepl.replica.invariant import invariant
 from vrepl.replica.messages import (
     AckStatus,
     Commit,
@@ -46,7 +45,7 @@ from vrepl.replica.role import RoleState
 if TYPE_CHECKING:  # annotations only: replica.py imports this module
     from vrepl.replica.replica import Replica
 
-# The reason a follower gives when a master asks it to cut records at or below its commit
+# In the reason a follower gives when a master asks it to cut records at or below its commit
 # version (docs/design.md §4.4): only a bug can send that. Logged at ERROR; the simulator
 # fails a run that logs it (vrepl/testing/sim/world.py).
 CUTS_COMMITTED_RECORDS = "cuts committed records"
@@ -126,6 +125,14 @@ class Follower(RoleState):
         if cut >= r.last_version:
             self.send_sync_request("nothing to truncate")
             return
+        if cut < r.commit_version:
+            # docs/design.md §4.4: committed records are in every later master's log, so no
+            # correct master asks for them to be cut. A peer's message is never an invariant
+            # here: refused like the one below, but logged at ERROR (a bug somewhere), and the
+            # simulator fails a run that logs it.
+            self._refuse_master(f"refused {req.describe()}: it {CUTS_COMMITTED_RECORDS}"
+                                f" v{cut + 1}..v{r.commit_version}", LogLevel.ERROR)
+            return
         if cut < self.matched_version:
             # A peer's message, not a bug here: the master would cut records it matched with
             # this log (its restore stream sent records its own log lacks, say). Refused;
@@ -133,9 +140,6 @@ class Follower(RoleState):
             self._refuse_master(f"refused {req.describe()}: it cuts v{cut + 1}..v{self.matched_version},"
                                 f" which matched n{r.nodes[i]}'s log")
             return
-        # docs/design.md §4.4: committed records are in every later master's log, so a
-        # master never asks for them to be cut.
-        invariant(cut >= r.commit_version, f"never truncate below the commit version v{r.commit_version}")
         r.truncating_to = cut
         self.sync_started = False
         self.cache.clear()

@@ -40,6 +40,7 @@ from vrepl.replica import (
     ArbitratorGranted,
     ArbitratorLost,
     ArbitratorRefused,
+    CUTS_COMMITTED_RECORDS,
     CommitAdvanced,
     Config,
     ConfirmForward,
@@ -50,6 +51,7 @@ from vrepl.replica import (
     InvariantViolation,
     LeaseTable,
     Log,
+    LogLevel,
     NotifyRole,
     PeerConnected,
     PeerDisconnected,
@@ -554,6 +556,8 @@ class World:
                 return
             t = type(a)
             if t is Log:
+                if a.level >= LogLevel.ERROR and CUTS_COMMITTED_RECORDS in a.text:
+                    self.history.on_committed_cut_refused(sn.node, a.text)  # the core's refusal, still a bug
                 continue
             if t is Send:
                 self._send(sn, a.node, a.message)
