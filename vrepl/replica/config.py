@@ -20,7 +20,9 @@ class Config:
     """Start-up configuration of one replica. Limits have defaults listed in docs/design.md §6.
 
     `replicas` are node ids in the vgroup's order (host:port is the transport's business).
-    `last_epoch`/`last_version`/`epoch_history` describe the local WAL; `promised_epoch`/
+    `last_epoch`/`last_version`/`epoch_history` describe the local WAL: the history is the
+    WAL's (epoch, first_version) pairs, rebuilt from the records' epochs, and is required for
+    a non-empty log (None or () for an empty one; docs/design.md §4.3); `promised_epoch`/
     `promised_master` are the persisted promise (PersistPromisedEpoch). `quorum` 0 means a
     majority. `app_ack_required` None means "when quorum > 1" (seed 数据转发流程 step 6).
     """
@@ -92,10 +94,13 @@ def config_invalid(cfg: Config) -> str | None:
         return "last_version and last_epoch are >= 0"
     if (cfg.last_version == 0) != (cfg.last_epoch == 0):
         return "an empty log has epoch 0 and a non-empty one an epoch >= 1"
-    if cfg.epoch_history is not None:
-        reason = history_invalid(cfg.epoch_history, cfg.last_epoch, cfg.last_version)
-        if reason:
-            return reason
+    if cfg.epoch_history is None and cfg.last_version > 0:
+        # No stand-in (docs/design.md §4.3): a guessed history makes a follower cut records it
+        # shares with its master, confirmed ones included (docs/simulation.md finding 3).
+        return "a non-empty log needs its epoch_history (the WAL's (epoch, first_version) pairs)"
+    reason = history_invalid(cfg.epoch_history or (), cfg.last_epoch, cfg.last_version)
+    if reason:
+        return reason
     if cfg.promised_epoch < cfg.last_epoch:
         return f"promised_epoch {cfg.promised_epoch} is below the log's last epoch {cfg.last_epoch}"
     if cfg.promised_epoch > 0 and cfg.promised_master not in cfg.replicas:

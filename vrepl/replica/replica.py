@@ -84,10 +84,7 @@ class Replica:
         # Local log.
         self.last_epoch = config.last_epoch
         self.last_version = config.last_version
-        if config.epoch_history is None:
-            self.history = EpochHistory.conservative(config.last_epoch, config.last_version)
-        else:
-            self.history = EpochHistory(config.epoch_history)
+        self.history = EpochHistory(config.epoch_history or ())  # config_invalid: exact, or an empty log
         self.durable_version = config.last_version  # the WAL we start from is on disk
         self.app_acked_version = config.last_version
         self.truncating_to: int | None = None  # a TruncateWalAfter not yet done (any role)
@@ -493,8 +490,8 @@ class Replica:
 
     def on_restore_finished(self, ev: RestoreFinished) -> None:
         invariant(type(self._state) is not Master, "a master never restores")
-        pairs = ev.epoch_history or (((ev.last_epoch, 1),) if ev.last_version else ())
-        invariant(history_invalid(pairs, ev.last_epoch, ev.last_version) is None, "restore reports a valid history")
+        pairs = ev.epoch_history
+        invariant(history_invalid(pairs, ev.last_epoch, ev.last_version) is None, "restore reports the log's history")
         self.history = EpochHistory(pairs)
         self.last_epoch, self.last_version = ev.last_epoch, ev.last_version
         self.durable_version = self.app_acked_version = ev.last_version
