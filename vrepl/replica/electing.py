@@ -88,7 +88,7 @@ class Elector:
         r = self.r
         views = tuple(r.view() if i == r.me else self.views[i] for i in range(r.n))
         online = tuple(i == r.me or (r.connected[i] and self.heard[i]) for i in range(r.n))
-        deferred = 0 if self.defer_since_tick is None else r.now_tick - self.defer_since_tick
+        deferred_ticks = 0 if self.defer_since_tick is None else r.now_tick - self.defer_since_tick
         lease = r.arbitrator_lease
         return election.ElectionInput(
             nodes=r.nodes,
@@ -101,8 +101,8 @@ class Elector:
             own_promise_reusable=not r._own_promise_from_disk,
             asked_epoch=lease.asked_epoch(),
             reports=tuple(self.reports),
-            defer_allowed=deferred < r.cfg.heartbeat_timeout_ticks,
-            contest_allowed=deferred < r.cfg.heartbeat_interval_ticks,
+            defer_allowed=deferred_ticks < r.cfg.heartbeat_timeout_ticks,
+            contest_allowed=deferred_ticks < r.cfg.heartbeat_interval_ticks,
         )
 
     def evaluate(self) -> None:

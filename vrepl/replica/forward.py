@@ -84,8 +84,8 @@ class PendingWindowModel:
     def expire(self, now_tick: int) -> tuple[int, int] | None:
         """Remove and return versions whose deadline passed (deadlines grow with versions)."""
         point = 0
-        for version, deadline in self._pending:
-            if deadline > now_tick:
+        for version, deadline_tick in self._pending:
+            if deadline_tick > now_tick:
                 break
             point = version
         return self._pop_through(point)

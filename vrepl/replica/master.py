@@ -101,8 +101,8 @@ class Master(RoleState):
         n = len(ev.payloads)
         first, last = ev.first_version, ev.first_version + n - 1
         payloads = ev.payloads
-        size = sum(map(len, payloads))
-        reason = r.forward_batch_refusal(first, payloads, size)
+        size_bytes = sum(map(len, payloads))
+        reason = r.forward_batch_refusal(first, payloads, size_bytes)
         if reason:
             r.counters["refused_forwards"] += n
             r._log(LogLevel.WARNING, f"refused forwards v{first}..v{last}: {reason}")
@@ -116,11 +116,11 @@ class Master(RoleState):
         epochs = (epoch,) * n
         payloads = tuple(payloads)
         r._emit(PersistBatch(first, epochs, payloads))
-        self._send_forward(ForwardBatch(epoch, first, prev_epoch, epochs, payloads), n, size)
+        self._send_forward(ForwardBatch(epoch, first, prev_epoch, epochs, payloads), n, size_bytes)
         self.window.add_range(first, last, r.now_tick + r.cfg.forward_timeout_ticks)
         self._check_flow()
 
-    def _send_forward(self, msg: Forward | ForwardBatch, records: int, size: int) -> None:
+    def _send_forward(self, msg: Forward | ForwardBatch, records: int, size_bytes: int) -> None:
         """Send a new forward to every follower that replicates (§4.1: no waiting)."""
         r = self.r
         connected, nodes, counters = r.connected, r.nodes, r.counters
@@ -128,9 +128,9 @@ class Master(RoleState):
             if peer.state == PeerState.REPLICATING and connected[i]:
                 r._emit(Send(nodes[i], msg))
                 peer.forwards += records
-                peer.forward_bytes += size
+                peer.forward_bytes += size_bytes
                 counters["forwards_sent"] += records
-                counters["forward_bytes_sent"] += size
+                counters["forward_bytes_sent"] += size_bytes
 
     def on_durable(self, version: int) -> None:
         self._confirm_range(self.window.ack(self.r.me, version), ConfirmStatus.OK)
@@ -208,7 +208,7 @@ class Master(RoleState):
         # Called on every forward batch and every ack: a plain loop over the (few) peers
         # for the lowest ack, no generator (4x cheaper; same value as the max of the lags).
         r = self.r
-        limit = r.cfg.flow_control_lag_versions
+        limit_versions = r.cfg.flow_control_lag_versions
         connected = r.connected
         lowest = None
         for i, p in self.peers.items():
@@ -217,12 +217,12 @@ class Master(RoleState):
                 acked = p.acked_version
                 if lowest is None or acked < lowest:
                     lowest = acked
-        lag = 0 if lowest is None else r.last_version - lowest
-        if self.flow_level == 0 and lag > limit:
+        lag_versions = 0 if lowest is None else r.last_version - lowest
+        if self.flow_level == 0 and lag_versions > limit_versions:
             self.flow_level = 1
-            r._log(LogLevel.WARNING, f"a slave lags {lag} versions: flow control on")
+            r._log(LogLevel.WARNING, f"a slave lags {lag_versions} versions: flow control on")
             r._emit(FlowControl(1))
-        elif self.flow_level == 1 and lag <= limit // 2:
+        elif self.flow_level == 1 and lag_versions <= limit_versions // 2:
             self.flow_level = 0
             r._emit(FlowControl(0))
 

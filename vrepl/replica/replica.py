@@ -194,13 +194,15 @@ class Replica:
             return f"{len(window)} forwards in flight (max_inflight_forwards)"
         return None
 
-    def forward_batch_refusal(self, first_version: int, payloads: tuple[bytes, ...], size: int | None = None) -> str | None:
-        """Why the master cannot take this batch of forwards now, or None. `size`, when
+    def forward_batch_refusal(
+        self, first_version: int, payloads: tuple[bytes, ...], size_bytes: int | None = None
+    ) -> str | None:
+        """Why the master cannot take this batch of forwards now, or None. `size_bytes`, when
         given, is the payloads' total length (the caller has it): no record of a batch
         that small can be too big, so the per-record check is skipped."""
         if first_version != self.last_version + 1:
             return f"v{first_version} is not the next version v{self.last_version + 1}"
-        if size is None or size > self.cfg.record_max_bytes:
+        if size_bytes is None or size_bytes > self.cfg.record_max_bytes:
             biggest = max(map(len, payloads))
             if biggest > self.cfg.record_max_bytes:
                 return f"{biggest} bytes exceeds record_max_bytes {self.cfg.record_max_bytes}"
@@ -423,22 +425,22 @@ class Replica:
     # ------------------------------------------------------------------ ticks
 
     def on_tick(self) -> None:
-        now = self.now_tick
+        now_tick = self.now_tick
         cfg = self.cfg
-        if now % cfg.heartbeat_interval_ticks == 0:
+        if now_tick % cfg.heartbeat_interval_ticks == 0:
             beat = Heartbeat(self.view())
             for i in range(self.n):
                 if i != self.me and self.connected[i]:
                     self._emit(Send(self.nodes[i], beat))
         for i in range(self.n):
-            if i != self.me and self.connected[i] and now - self.last_heard_tick[i] >= cfg.heartbeat_timeout_ticks:
+            if i != self.me and self.connected[i] and now_tick - self.last_heard_tick[i] >= cfg.heartbeat_timeout_ticks:
                 self.on_heartbeat_timeout(i)
         if type(self._state) is Master:
-            self._state.expire_forwards(now)  # may step down
-        self.arbitrator_lease.on_tick(now)
+            self._state.expire_forwards(now_tick)  # may step down
+        self.arbitrator_lease.on_tick(now_tick)
         master = self._state
         if type(master) is Master:
-            if cfg.arbitrator_used and now % cfg.heartbeat_interval_ticks == 0:
+            if cfg.arbitrator_used and now_tick % cfg.heartbeat_interval_ticks == 0:
                 self.arbitrator_lease.ask(self.promised_epoch)  # renew the lease
             if self.commit_version:
                 master.send_commits()
