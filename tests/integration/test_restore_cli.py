@@ -16,14 +16,14 @@ import pytest
 
 from vrepl._core import crc32c as _crc
 from vrepl.restore import protocol as P
-from vrepl.restore.cli import (EXIT_DISK_FULL, EXIT_OK, EXIT_PEER, EXIT_USAGE, add_parsers, run_replay,
-                               run_restore)
+from vrepl.exitcodes import EXIT_DISK_FULL, EXIT_OK, EXIT_PEER, EXIT_USAGE
+from vrepl.restore.cli import add_parsers, run_replay, run_restore
 from vrepl.restore.config import RestoreConfig
 from vrepl.restore.dirsink import DirSink
 from vrepl.restore.errors import UnsafeName
 from vrepl.restore.receiver import Receiver
 from vrepl.restore.stream import SyncStream
-from vrepl.restore.testapp import SECRET, VnodeApp, make_configs, strip_epoch, wait_for
+from vrepl.testing.vnodeapp import SECRET, VnodeApp, make_configs, strip_epoch, wait_for
 from vrepl.vnode import Vnode
 from vrepl.vnode.config import VnodeConfig
 

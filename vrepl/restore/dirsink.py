@@ -8,6 +8,7 @@ Must not: touch anything the local manifest or the sender did not name.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import shutil
 from vrepl import wal as _wal
 from vrepl.errors import VersionError
 from vrepl.restore import protocol as P
-from vrepl.restore.errors import BadData, RestoreError
+from vrepl.restore.errors import BadData, DiskFull, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined
 from vrepl.restore.receiver import file_crc_magic
 
@@ -98,8 +99,6 @@ class DirSink:
         except VersionError as exc:  # epochs going backwards, versions out of order: the sender's data
             raise BadData(f"bad WAL data from the sender: {exc}") from None
         except OSError as exc:
-            from vrepl.restore.errors import DiskFull
-            import errno
             if getattr(exc.__cause__, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFull(f"no space left on device writing the WAL under {self.data_path}: the previous"
                                " data is intact") from None

@@ -1,5 +1,5 @@
-"""A small app embedding a sync instance with the reference vnode, for restore tests and
-the restore benchmark (not used by the node process).
+"""A small app embedding a sync instance with the reference vnode, for the restore tests
+(not used by the node process).
 
 Owns: `VnodeApp` (one replica: a Vnode applying forwarded records, getFileInfo /
 notifyFileSynced / getVersion from the Vnode, a `write()` helper on the master, `flush()`
