@@ -1,9 +1,12 @@
-"""One home for error types and one table of exit codes (STYLE.md, three kinds of error).
+"""One home for error types, always-on invariants, one table of exit codes (STYLE.md, three
+kinds of error).
 
 Every exception class of the product code (vrepl/ but its test harnesses in vrepl/testing/,
 and arbitrator/) is defined in vrepl/errors.py, subclasses VreplError, and, unless it is
 only a base of others, the builtin it behaves like. Every process exit code is a name of
-vrepl/exitcodes.py, and docs/operations.md lists each code once.
+vrepl/exitcodes.py, and docs/operations.md lists each code once. Product code checks its own
+bugs with `invariant()` or an explicit `raise InvariantViolation`, never `assert` (which
+`python -O` removes).
 """
 from __future__ import annotations
 
@@ -81,6 +84,32 @@ def test_the_re_exports_are_the_same_objects():
     assert dirlock.DirInUseError is E.DirInUseError
     assert InvariantViolation is E.InvariantViolation and CoreNotBuiltError is E.CoreNotBuiltError
     assert issubclass(WindowInvariantError, InvariantViolation)
+
+
+# Plain asserts left in modules other branches are rewriting (issue 15): `driver` (the sync
+# instance, transport, live restore), `roles` (the replica), `lineproto` (the node's write
+# path). {path: how many}; the lead empties this as those branches merge.
+ASSERTS_LEFT = {
+    "vrepl/sync.py": 15,
+    "vrepl/transport/node.py": 5,
+    "vrepl/transport/storage.py": 4,
+    "vrepl/transport/handshake.py": 2,
+    "vrepl/restore/live.py": 5,
+    "vrepl/node/vgroup.py": 3,          # write(), _write_to_cache_batch(), _confirm()
+}
+
+
+def test_product_code_has_no_plain_assert():
+    found = {}
+    for p in PRODUCT:
+        n = sum(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(p.read_text())))
+        rel = str(p.relative_to(ROOT))
+        if n and not rel.startswith("vrepl/replica/"):   # roles' package: its own final pass
+            found[rel] = n
+    extra = {k: v for k, v in found.items() if v > ASSERTS_LEFT.get(k, 0)}
+    assert not extra, f"use invariant() (vrepl/replica/invariant.py) instead of assert: {extra}"
+    fixed = {k: v for k, v in ASSERTS_LEFT.items() if found.get(k, 0) < v}
+    assert not fixed, f"fewer asserts now, lower ASSERTS_LEFT: {fixed}"
 
 
 # -- exit codes -------------------------------------------------------------------------------

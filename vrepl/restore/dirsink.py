@@ -14,7 +14,7 @@ import os
 import shutil
 
 from vrepl import wal as _wal
-from vrepl.errors import VersionError
+from vrepl.errors import InvariantViolation, VersionError
 from vrepl.restore import protocol as P
 from vrepl.restore.errors import BadData, DiskFull, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined
@@ -84,7 +84,8 @@ class DirSink:
 
     def feed(self, block: bytes, scan) -> None:
         w = self.writer
-        assert w is not None
+        if w is None:
+            raise InvariantViolation("WAL data is fed before on_wal_begin()")
         first, last = int(scan.versions[0]), int(scan.versions[-1])
         if last <= w.last_version:
             return
@@ -106,7 +107,8 @@ class DirSink:
 
     def on_wal_end(self, last_version: int) -> int:
         w = self.writer
-        assert w is not None
+        if w is None:
+            raise InvariantViolation("the WAL ends before on_wal_begin()")
         if w.last_version < last_version:
             raise BadData(f"the WAL stream ended at v{last_version} but the copy is at v{w.last_version}")
         w.close()  # fsyncs
