@@ -138,7 +138,7 @@ def raw_group(tmp: str, tag: str, restore: RestoreConfig, n: int = 2, **opts):
     replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
     cfgs = [SyncConfig(vgroup_id=9, replicas=replicas, self_index=i, data_path=os.path.join(tmp, f"{tag}{i}"),
                        secret=SECRET, quorum=2, heartbeat_timeout_ticks=100, forward_timeout_ticks=600,
-                       wal_max_file_bytes=64 * MiB, **opts) for i in range(n)]
+                       max_wal_file_bytes=64 * MiB, **opts) for i in range(n)]
     return cfgs
 
 
@@ -147,7 +147,7 @@ def fill_wal(cfg: SyncConfig, records: int) -> None:
     from vrepl.transport.storage import write_promise
     from vrepl.wal import Durability, WalOptions, WalWriter
     os.makedirs(cfg.data_path, exist_ok=True)
-    w = WalWriter(os.path.join(cfg.data_path, "wal"), WalOptions(max_file_bytes=cfg.wal_max_file_bytes,
+    w = WalWriter(os.path.join(cfg.data_path, "wal"), WalOptions(max_file_bytes=cfg.max_wal_file_bytes,
                                                                   durability=Durability.NONE))
     payload = b"p" * 128
     batch = [payload] * 10_000

@@ -27,6 +27,7 @@ import vrepl
 from vrepl.errors import (CliError, ConfigError, DirInUseError, ListenError, VreplError,
                           WalCorruptError, WalError)
 from vrepl.exitcodes import EXIT_FAILED, EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from vrepl.renamed import print_one_line
 from vrepl.untrusted import printable
 
 
@@ -396,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         _err(str(exc))
         return EXIT_USAGE
+    print_one_line("vrepl")     # a setting given by its old name: one warning line
     parser = build_parser()
     args = parser.parse_args(argv)
     # The library logs what it does (a repair, say); the CLI prints its own one-line summary,

@@ -93,6 +93,10 @@ class ConfigError(VreplError, ValueError):
     """A setting that is missing, malformed or out of range."""
 
 
+class RenamedSetting(VreplError, FutureWarning):
+    """A warning: a setting was given by its old name (vrepl/renamed.py); it still works."""
+
+
 class CliError(VreplError, RuntimeError):
     """A command's failure, reported as one line with its exit code (vrepl/exitcodes.py)."""
 

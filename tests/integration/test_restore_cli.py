@@ -42,7 +42,7 @@ def rows_for(k0: int, n: int, pad: int = 0) -> list:
 
 @pytest.fixture
 def group(tmp_path):
-    cfgs = make_configs(tmp_path, n=1, wal_max_file_bytes=32 * 1024)
+    cfgs = make_configs(tmp_path, n=1, max_wal_file_bytes=32 * 1024)
     app = VnodeApp(cfgs[0], restore=RestoreConfig()).start()
     wait_for(lambda: app.role() == "master", what="master")
     yield app

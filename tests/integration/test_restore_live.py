@@ -44,7 +44,7 @@ def stop_all(apps) -> None:
 
 def test_follower_down_while_master_writes_and_recycles_is_restored(tmp_path):
     rc = RestoreConfig(min_lag_versions=1, retry_interval_ms=200)
-    cfgs, apps = start_group(tmp_path, rc, wal_max_file_bytes=16 * 1024)
+    cfgs, apps = start_group(tmp_path, rc, max_wal_file_bytes=16 * 1024)
     try:
         m = master_of(apps)
         wait_for(lambda: all(a.role() in ("master", "slave") for a in apps.values()), what="slaves")
@@ -86,7 +86,7 @@ def test_restore_while_master_writes_at_full_speed(tmp_path):
 
     rc = RestoreConfig(min_lag_versions=1, retry_interval_ms=200, switch_lag_versions=500)
     cfgs = make_configs(tmp_path, heartbeat_timeout_ticks=100, forward_timeout_ticks=100,
-                        wal_max_file_bytes=256 * 1024)
+                        max_wal_file_bytes=256 * 1024)
     apps = {i: VnodeApp(cfgs[i], restore=rc, raw=True).start() for i in range(3)}
     stop = threading.Event()
     try:
@@ -144,7 +144,7 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
     from vrepl.restore import sender as S
 
     rc = RestoreConfig(min_lag_versions=1, retry_interval_ms=200)
-    cfgs, apps = start_group(tmp_path, rc, wal_max_file_bytes=16 * 1024)
+    cfgs, apps = start_group(tmp_path, rc, max_wal_file_bytes=16 * 1024)
     try:
         m = master_of(apps)
         wait_for(lambda: all(a.role() in ("master", "slave") for a in apps.values()), what="slaves")

@@ -34,7 +34,7 @@ from vrepl.untrusted import printable
 # The Spark validation registers itself here (vrepl.spark) once it lands.
 VALIDATIONS: list[Callable[[LocalCluster, list[str], dict], tuple[bool, str]]] = []
 
-DEMO_VNODE = {"memtable_max_rows": 20_000}   # small, so the demo also flushes Parquet files
+DEMO_VNODE = {"max_memtable_rows": 20_000}   # small, so the demo also flushes Parquet files
 TS0 = 1_700_000_000_000
 
 

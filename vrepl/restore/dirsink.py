@@ -38,10 +38,10 @@ def read_manifest(data_path: str) -> dict | None:
 
 class DirSink:
     def __init__(self, data_path: str, *, max_record_bytes: int = _wal.DEFAULT_MAX_RECORD_BYTES,
-                 wal_max_file_bytes: int = _wal.DEFAULT_MAX_FILE_BYTES) -> None:
+                 max_wal_file_bytes: int = _wal.DEFAULT_MAX_FILE_BYTES) -> None:
         self.data_path = os.path.abspath(data_path)
         self.max_record_bytes = max_record_bytes
-        self.wal_max_file_bytes = wal_max_file_bytes
+        self.max_wal_file_bytes = max_wal_file_bytes
         self.writer: _wal.WalWriter | None = None
         self.new_wal = os.path.join(self.data_path, STAGING_DIR, "wal.new")
         self.begin: P.SyncBegin | None = None
@@ -74,7 +74,7 @@ class DirSink:
     def on_wal_begin(self, msg: P.WalBegin) -> None:
         shutil.rmtree(self.new_wal, ignore_errors=True)
         os.makedirs(self.new_wal)
-        w = _wal.WalWriter(self.new_wal, _wal.WalOptions(max_file_bytes=self.wal_max_file_bytes,
+        w = _wal.WalWriter(self.new_wal, _wal.WalOptions(max_file_bytes=self.max_wal_file_bytes,
                                                           max_record_bytes=self.max_record_bytes,
                                                           durability=_wal.Durability.NONE))
         w.last_version = msg.first_version - 1  # the restored files hold everything before it

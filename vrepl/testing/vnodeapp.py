@@ -50,7 +50,7 @@ class VnodeApp:
         self.cfg = cfg
         # raw: payloads are opaque bytes kept in a dict (benchmarks); else vnode rows
         self.raw = raw
-        self.vnode = Vnode(cfg.data_path, vnode_cfg or VnodeConfig(fsync=False, memtable_max_age_ms=3_600_000))
+        self.vnode = Vnode(cfg.data_path, vnode_cfg or VnodeConfig(fsync=False, max_memtable_age_ms=3_600_000))
         self.vnode.recover(f"{cfg.data_path}/wal")
         self.applied_raw: dict[int, bytes] = {}
         self.roles: list[str] = []

@@ -212,7 +212,7 @@ class Vnode:
         rids = self._rids
         rids[rid] = version
         rids.move_to_end(rid)
-        if len(rids) > self.config.dedup_max_entries:
+        if len(rids) > self.config.max_dedup_entries:
             rids.popitem(last=False)
 
     def request_version(self, request_id: str) -> int | None:
@@ -389,13 +389,13 @@ class Vnode:
                 return None
             if up_to_version is not None and mem.min_version > up_to_version:
                 return None
-            if mem.bytes >= cfg.memtable_max_bytes:
-                return f"memtable holds {mem.bytes} bytes >= memtable_max_bytes"
-            if mem.rows >= cfg.memtable_max_rows:
-                return f"memtable holds {mem.rows} rows >= memtable_max_rows"
+            if mem.bytes >= cfg.max_memtable_bytes:
+                return f"memtable holds {mem.bytes} bytes >= max_memtable_bytes"
+            if mem.rows >= cfg.max_memtable_rows:
+                return f"memtable holds {mem.rows} rows >= max_memtable_rows"
             age_ms = ((self._clock() if now is None else now) - mem.first_write_at) * 1000
-            if age_ms >= cfg.memtable_max_age_ms:
-                return f"oldest unflushed row is {age_ms:.0f} ms old >= memtable_max_age_ms"
+            if age_ms >= cfg.max_memtable_age_ms:
+                return f"oldest unflushed row is {age_ms:.0f} ms old >= max_memtable_age_ms"
             return None
 
     def maybe_flush(self, wal: Any = None, up_to_version: int | None = None

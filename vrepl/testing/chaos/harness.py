@@ -44,7 +44,7 @@ ARB_LEASE_MS = 2500  # >= the replicas' arbitrator_lease_ticks x tick_ms (2000) 
 # ~0.4 s at the workload's rate, by age after 1 s (an isolated master's memtable comes due
 # well within any isolation: only what the group committed may be archived then, issue 13);
 # one archived file per minute of a table's ts (600 writes).
-CHAOS_VNODE = {"memtable_max_rows": 200, "memtable_max_age_ms": 1000, "file_span_ms": 60_000}
+CHAOS_VNODE = {"max_memtable_rows": 200, "max_memtable_age_ms": 1000, "file_span_ms": 60_000}
 CHAOS_NODE = {"flush_check_ms": 200}
 # The log line of every role change, in the node's text log format: the node's own
 # (`vg7 n2: role master, epoch 3, master 2`) or the sync layer's
