@@ -155,7 +155,7 @@ class SyncConfig:
         )
 
     def replace(self, **changes: object) -> "SyncConfig":
-        return dataclasses.replace(self, **new_keywords(SyncConfig, changes))  # type: ignore[arg-type]
+        return dataclasses.replace(self, **new_keywords(SyncConfig, changes))
 
 
 def sync_config_invalid(cfg: SyncConfig) -> str | None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vrepl.client import read_token_file
-from vrepl.config import RENAMED_SYNC_SETTINGS, SyncConfig, parse_endpoint, sync_config_invalid
+from vrepl.config import (RENAMED_SYNC_SETTINGS, ReplicaAddress, SyncConfig, parse_endpoint,
+                          sync_config_invalid)
 from vrepl.errors import ConfigError
 from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS
 from vrepl.node.http import server_ssl_context
@@ -133,7 +134,7 @@ class NodeConfig:
         return os.path.join(self.data_dir, f"vg{vgroup_id}")
 
     def sync_config(self, spec: VgroupSpec) -> SyncConfig:
-        replicas = tuple((n, self.nodes[n].replication_endpoint) for n in spec.replicas)
+        replicas = tuple(ReplicaAddress(n, *self.nodes[n].replication) for n in spec.replicas)
         return SyncConfig(vgroup_id=spec.id, replicas=replicas,
                           self_index=spec.replicas.index(self.node_id),
                           data_path=self.vgroup_path(spec.id), secret=self.secret,
@@ -245,12 +246,12 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
         if nid in nodes:
             raise ConfigError(f"{where}id {nid} appears twice")
         rep = _endpoint(n["replication"], f"{where}replication")
-        http = _endpoint(n["http"], f"{where}http")
-        for ep in (rep, http):
+        http_addr = _endpoint(n["http"], f"{where}http")
+        for ep in (rep, http_addr):
             if ep in seen:
                 raise ConfigError(f"{where}: address {ep[0]}:{ep[1]} is used twice")
             seen.add(ep)
-        nodes[nid] = NodeAddress(nid, rep, http)
+        nodes[nid] = NodeAddress(nid, rep, http_addr)
     if node_id not in nodes:
         raise ConfigError(f"node_id {node_id} is not in [[nodes]]")
 
@@ -258,7 +259,7 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     raw_vgroups = doc.get("vgroups")
     if not isinstance(raw_vgroups, list) or not raw_vgroups:
         raise ConfigError("[[vgroups]] is missing: list the vgroups this node hosts")
-    vgroups = []
+    vgroups: list[VgroupSpec] = []
     for i, g in enumerate(raw_vgroups):
         where = f"vgroups[{i}]."
         if not isinstance(g, dict):
