@@ -242,7 +242,7 @@ class Client:
     def __init__(self, nodes: Sequence[str] | str, *, timeout_s: float = 10.0,
                  request_timeout_s: float = 15.0, retry_pause_s: float = 0.05,
                  token: str | None = None, tls: bool | ssl.SSLContext = False,
-                 cafile: str | None = None, verify: bool = True) -> None:
+                 cafile: str | None = None, verify: bool = True, binary: bool = True) -> None:
         """`token`: sent as `Authorization: Bearer <token>` (the nodes' http.token_file).
         HTTPS when `tls` is True (or an ssl.SSLContext, used as it is) or `cafile` is given:
         the nodes' certificates are checked against `cafile` (PEM; default: the system's
@@ -270,6 +270,7 @@ class Client:
         else:
             self.ssl_context = None
         self._extra_headers = (b"\r\nAuthorization: Bearer " + token.encode()) if token else b""
+        self.binary = binary
         self._conns: dict[str, _Conn] = {}
         self._master: dict[int, str] = {}           # vgroup -> master's http endpoint
         self.last_error: str | None = None          # why find_master last failed to reach a node

@@ -90,39 +90,56 @@ def _row(key: bytes, b64: bytes) -> bytes:
 
 
 class VreplHttpClient:
-    """A bench Client over vrepl.client.Client: a write or a batch is one confirmed request."""
+    """A bench Client over vrepl.client.Client: a write or a batch is one confirmed request.
+    `request_ids=False` posts without a request id (payload format 1, no dedup entry) and
+    `plain_values=True` sends a 70-byte plain string instead of the base64 value: the two
+    variants bench/profile_client.py uses to split the client path's cost (docs/perf.md)."""
 
-    def __init__(self, endpoints: list[str], vgroup: int):
+    def __init__(self, endpoints: list[str], vgroup: int, request_ids: bool = True,
+                 plain_values: bool = False):
         from vrepl.client import Client
-        self.client = Client(endpoints, timeout_s=10.0)
+        self.client = Client(endpoints, timeout_s=10.0, binary=False)
         self.vgroup = vgroup
+        self.request_ids = request_ids
+        self.plain_values = plain_values
         self._value: bytes | None = None
         self._b64 = b""
 
     def _enc(self, value: bytes) -> bytes:
         if value is not self._value:
-            self._value, self._b64 = value, base64.b64encode(value)
+            self._value = value
+            self._b64 = b"x" * 70 if self.plain_values else base64.b64encode(value)
         return self._b64
 
+    def _post(self, body: bytes) -> None:
+        if self.request_ids:
+            self.client.write(self.vgroup, body)
+            return
+        ep = self.client._master.get(self.vgroup) or self.client.find_master(self.vgroup)
+        code, doc = self.client.request(ep or self.client.nodes[0], "POST",
+                                        f"/v1/vgroups/{self.vgroup}/write", body)
+        if code != 200:
+            raise RuntimeError(f"{code} {doc.get('error')}")
+
     def write_one(self, key: bytes, value: bytes) -> None:
-        self.client.write(self.vgroup, b"[" + _row(key, self._enc(value)) + b"]")
+        self._post(b"[" + _row(key, self._enc(value)) + b"]")
 
     def write_batch(self, items: list[tuple[bytes, bytes]]) -> None:
         enc = self._enc
-        self.client.write(self.vgroup, b"[" + b",".join([_row(k, enc(v)) for k, v in items])
-                          + b"]")
+        self._post(b"[" + b",".join([_row(k, enc(v)) for k, v in items]) + b"]")
 
     def close(self) -> None:
         self.client.close()
 
 
 class VreplHttpClientFactory:
-    def __init__(self, endpoints: list[str], vgroup: int):
+    def __init__(self, endpoints: list[str], vgroup: int, **options):
         self.endpoints = endpoints
         self.vgroup = vgroup
+        self.options = options
 
     def __call__(self) -> VreplHttpClient:
-        return VreplHttpClient(self.endpoints, self.vgroup)
+        return VreplHttpClient(self.endpoints, self.vgroup, **self.options)
 
 
 class VreplClientDriver(Driver):
