@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from vrepl._core import memcols as M
-from vrepl._core.memcols import ArrowColumn, Staged
+from vrepl._core.memcols import ArrowColumn, Staged, table_of_series  # noqa: F401  (public)
 from vrepl.vnode import rows as R
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import PayloadError
@@ -403,7 +403,7 @@ def arrow_staged(body: bytes | memoryview, cfg: VnodeConfig | None, schemas: dic
         batches, _ = read_arrow(body, vunit, max_rows)
     except _Refused as exc:
         return None, f"Arrow stream refused: {exc}"
-    except (pa.ArrowException, ValueError, TypeError, OverflowError, MemoryError) as exc:
+    except (pa.ArrowException, OSError, ValueError, TypeError, OverflowError, MemoryError) as exc:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         return None, f"not a valid Arrow IPC stream: {first}"
     if cfg is None:

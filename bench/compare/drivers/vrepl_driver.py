@@ -44,6 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import jsonline
+from vrepl.client import arrow_stream
 from vrepl.child import python_argv
 
 from ..procs import ProcessRegistry, bench_module_argv, free_ports
@@ -142,6 +143,76 @@ class VreplHttpClientFactory:
         return VreplHttpClient(self.endpoints, self.vgroup, **self.options)
 
 
+class VreplArrowClient(VreplHttpClient):
+    """vrepl-client-arrow: the same rows as an Arrow IPC stream (Client.write_arrow): table
+    "c03" in the schema metadata, ts int64, the base64 value a string column."""
+
+    def __init__(self, endpoints: list[str], vgroup: int):
+        super().__init__(endpoints, vgroup)
+        import pyarrow as pa
+        self.pa = pa
+        self.schema: dict[bytes, object] = {}
+
+    def _batch(self, items: list[tuple[bytes, bytes]]) -> bytes:
+        pa = self.pa
+        table = items[0][0][:3]
+        schema = self.schema.get(table)
+        if schema is None:
+            schema = self.schema[table] = pa.schema(
+                [("ts", pa.int64()), ("v", pa.string())], metadata={"vrepl.table": table})
+        v = self._enc(items[0][1]).decode()
+        batch = pa.record_batch([pa.array([int(k[4:]) for k, _ in items], pa.int64()),
+                                 pa.array([v] * len(items), pa.string())], schema=schema)
+        return arrow_stream(batch)
+
+    def write_one(self, key: bytes, value: bytes) -> None:
+        self.client.write_arrow(self.vgroup, self._batch([(key, value)]))
+
+    def write_batch(self, items: list[tuple[bytes, bytes]]) -> None:
+        self.client.write_arrow(self.vgroup, self._batch(items))
+
+
+class VreplLineClient(VreplHttpClient):
+    """vrepl-client-lp: the same rows as InfluxDB line protocol (`POST /api/v2/write`,
+    precision ms, a token-less node): measurement "c03" (no tags: table "c03"), field v the
+    base64 value, the ts from the key. One request per write or batch, no retry."""
+
+    def __init__(self, endpoints: list[str], vgroup: int):
+        super().__init__(endpoints, vgroup)
+        self.path = f"/api/v2/write?bucket=vg{vgroup}&precision=ms"
+
+    def _post_lines(self, body: bytes) -> None:
+        c = self.client
+        ep = c._master.get(self.vgroup) or c.find_master(self.vgroup)
+        code, doc = c._conn(ep or c.nodes[0]).request("POST", self.path, body, b"text/plain")
+        if code != 204:
+            c._master.pop(self.vgroup, None)
+            raise RuntimeError(f"{code} {doc}")
+
+    def write_one(self, key: bytes, value: bytes) -> None:
+        self._post_lines(b'%s v="%s" %s\n' % (key[:3], self._enc(value), key[4:]))
+
+    def write_batch(self, items: list[tuple[bytes, bytes]]) -> None:
+        v = self._enc(items[0][1])
+        self._post_lines(b"".join([b'%s v="%s" %s\n' % (k[:3], v, k[4:]) for k, _ in items]))
+
+
+class _Factory:
+    def __init__(self, cls, endpoints: list[str], vgroup: int):
+        self.cls, self.endpoints, self.vgroup = cls, endpoints, vgroup
+
+    def __call__(self):
+        return self.cls(self.endpoints, self.vgroup)
+
+
+def VreplArrowClientFactory(endpoints: list[str], vgroup: int) -> _Factory:
+    return _Factory(VreplArrowClient, endpoints, vgroup)
+
+
+def VreplLineClientFactory(endpoints: list[str], vgroup: int) -> _Factory:
+    return _Factory(VreplLineClient, endpoints, vgroup)
+
+
 class VreplClientDriver(Driver):
     name = "vrepl-client"
     is_vrepl = True
@@ -191,9 +262,29 @@ class VreplClientDriver(Driver):
             shutil.rmtree(self.data_base, ignore_errors=True)
         self.data_base = None
 
-    def client_factory(self) -> VreplHttpClientFactory:
+    def client_factory(self):
         assert self.cluster is not None
         return VreplHttpClientFactory(self.cluster.endpoints, self.vgroup)
+
+
+class VreplArrowClientDriver(VreplClientDriver):
+    name = "vrepl-client-arrow"
+    client_mode = ("one process per writer, HTTP/1.1 client API with Arrow IPC bodies"
+                   " (vrepl.client.Client.write_arrow)")
+
+    def client_factory(self):
+        assert self.cluster is not None
+        return VreplArrowClientFactory(self.cluster.endpoints, self.vgroup)
+
+
+class VreplLineClientDriver(VreplClientDriver):
+    name = "vrepl-client-lp"
+    client_mode = ("one process per writer, InfluxDB line protocol (POST /api/v2/write,"
+                   " precision ms) on a keep-alive connection")
+
+    def client_factory(self):
+        assert self.cluster is not None
+        return VreplLineClientFactory(self.cluster.endpoints, self.vgroup)
 
 
 # -- vrepl-lib ------------------------------------------------------------------------------------
@@ -294,5 +385,5 @@ class VreplLibThreadsDriver(VreplLibDriver):
 
 
 def vrepl_drivers() -> list[Driver]:
-    return [VreplClientDriver(), VreplLibDriver(), VreplLibOneRecordDriver(),
-            VreplLibThreadsDriver()]
+    return [VreplClientDriver(), VreplArrowClientDriver(), VreplLineClientDriver(),
+            VreplLibDriver(), VreplLibOneRecordDriver(), VreplLibThreadsDriver()]
