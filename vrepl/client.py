@@ -281,9 +281,18 @@ def rows_to_arrow(rows: Sequence[Sequence[Any]]) -> bytes | None:
         return None
 
 
+ARROW_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
 def arrow_stream(data: Any) -> bytes:
     """The IPC stream bytes of a pyarrow RecordBatch or Table (uncompressed)."""
     import pyarrow as pa
+    if isinstance(data, pa.RecordBatch) and not any(pa.types.is_dictionary(t)
+                                                    for t in data.schema.types):
+        # schema message + record batch message + end of stream: what the stream writer
+        # writes for one batch without dictionaries, for a fraction of its cost
+        return (data.schema.serialize().to_pybytes() + data.serialize().to_pybytes()
+                + ARROW_END_OF_STREAM)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as w:
         w.write(data)

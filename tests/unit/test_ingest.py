@@ -222,9 +222,10 @@ T = {"vrepl.table": "t"}
     (_stream({"ts": pa.array([1]), "v": pa.array([math.nan])}, T), "not finite"),
     (_stream({"ts": pa.array([1]), "v": pa.array([2**64 - 1], pa.uint64())}, T), "uint64"),
     (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T, "zstd"), "compressed"),
-    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T)[:-9], "not a valid Arrow"),
+    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T)[:-9], "beyond the stream"),
+    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T)[:-1] + b"\x01", "beyond the stream"),
     (b"", "no schema message"),
-    (b"\xff" * 64, "not a valid Arrow"),
+    (b"\xff" * 64, "Arrow stream refused"),
 ])
 def test_arrow_refusals_are_one_line_and_write_nothing(vn, body, what):
     reason, payload = write_arrow(vn, body)

@@ -281,3 +281,209 @@ def arrow_to_staged(list batches, object schemas, bint limits, long long ts_lo,
 # may hold: the writing master refused more (max_rows_per_batch); this bounds the work a
 # damaged or foreign payload can ask for.
 ARROW_DECODE_MAX_ROWS = 1_000_000
+
+
+# -- the framing of an IPC stream, read before pyarrow reads it --------------------------------
+#
+# ipc_scan walks the stream's messages (continuation marker, metadata length, the
+# flatbuffer Message, its body) with a bounds check on every read, and refuses what the
+# decoder must not hand to pyarrow: compressed buffers (their decompressed size is the
+# sender's to choose), more than `max_messages`, a stream not starting with its schema, a
+# second schema, tensors. Arrow's Message.fbs: Message {version: short (0), header_type:
+# ubyte (1), header: offset (2), bodyLength: long (3)}; header types 1 Schema,
+# 2 DictionaryBatch {id (0), data: RecordBatch (1)}, 3 RecordBatch {length (0), nodes (1),
+# buffers (2), compression (3)}.
+
+cdef inline int _rd(const uint8_t* p, Py_ssize_t n, Py_ssize_t at, int size, void* out) noexcept:
+    if at < 0 or size > n or at > n - size:
+        return -1
+    memcpy(out, p + at, size)
+    return 0
+
+
+cdef Py_ssize_t _fb_field(const uint8_t* p, Py_ssize_t n, Py_ssize_t table, int index) noexcept:
+    """The position of field `index` of the flatbuffer table at `table`: 0 absent, -1 bad."""
+    cdef int32_t soff
+    cdef uint16_t vsize, off
+    cdef Py_ssize_t vt
+    if _rd(p, n, table, 4, &soff) < 0:
+        return -1
+    vt = table - soff
+    if _rd(p, n, vt, 2, &vsize) < 0:
+        return -1
+    if 4 + 2 * index + 2 > vsize:
+        return 0
+    if _rd(p, n, vt + 4 + 2 * index, 2, &off) < 0:
+        return -1
+    return table + off if off else 0
+
+
+cdef Py_ssize_t _fb_ref(const uint8_t* p, Py_ssize_t n, Py_ssize_t at) noexcept:
+    """The table an offset field at `at` points to, or -1."""
+    cdef uint32_t rel
+    if at <= 0 or _rd(p, n, at, 4, &rel) < 0:
+        return -1
+    return at + rel
+
+
+def ipc_scan(object body, Py_ssize_t max_messages):
+    """(None, schema message metadata bytes, [(header type, start, end) per message]) of a
+    stream that may be read, or (reason, None, None). A message runs from its framing to the
+    end of its body; header types: 1 schema, 2 dictionary batch, 3 record batch."""
+    cdef const unsigned char[::1] view = memoryview(body).cast("B")
+    cdef const uint8_t* p
+    cdef const uint8_t* m
+    cdef Py_ssize_t n = view.shape[0], at = 0, count = 0, root, f, hdr, mlen
+    cdef uint32_t cont, uroot
+    cdef int32_t meta_len
+    cdef int64_t body_len
+    cdef uint8_t kind
+    cdef object schema = None
+    cdef list msgs = []
+    cdef Py_ssize_t start
+    if n == 0:
+        return "no schema message", None, None
+    p = &view[0]
+    while at < n:
+        start = at
+        if _rd(p, n, at, 4, &cont) < 0:
+            return "truncated message length", None, None
+        if cont == 0xFFFFFFFF:
+            at += 4
+            if _rd(p, n, at, 4, &meta_len) < 0:
+                return "truncated message length", None, None
+        else:
+            meta_len = <int32_t>cont          # the pre-1.0 framing, without the marker
+        at += 4
+        if meta_len == 0:
+            break                             # end of stream
+        if meta_len < 8 or meta_len > n - at:
+            return f"message metadata of {meta_len} bytes, beyond the stream", None, None
+        count += 1
+        if count > max_messages:
+            return f"more than {max_messages} messages", None, None
+        m = p + at
+        mlen = meta_len
+        if _rd(m, mlen, 0, 4, &uroot) < 0:
+            return "malformed message metadata", None, None
+        root = uroot
+        f = _fb_field(m, mlen, root, 1)
+        if f < 0 or (f > 0 and _rd(m, mlen, f, 1, &kind) < 0):
+            return "malformed message metadata", None, None
+        if f == 0:
+            kind = 0
+        body_len = 0
+        f = _fb_field(m, mlen, root, 3)
+        if f < 0 or (f > 0 and _rd(m, mlen, f, 8, &body_len) < 0):
+            return "malformed message metadata", None, None
+        if body_len < 0 or body_len > n - at - mlen:
+            return f"message body of {body_len} bytes, beyond the stream", None, None
+        if kind == 1:
+            if count != 1:
+                return "a schema message after the first message", None, None
+            schema = PyBytes_FromStringAndSize(<const char*>m, mlen)
+        elif count == 1:
+            return f"the stream starts with a message of type {kind}, not a schema", None, None
+        elif kind == 2 or kind == 3:
+            hdr = _fb_ref(m, mlen, _fb_field(m, mlen, root, 2))
+            if hdr < 0:
+                return "malformed message metadata", None, None
+            if kind == 2:
+                hdr = _fb_ref(m, mlen, _fb_field(m, mlen, hdr, 1))
+                if hdr < 0:
+                    return "malformed message metadata", None, None
+            f = _fb_field(m, mlen, hdr, 3)
+            if f < 0:
+                return "malformed message metadata", None, None
+            if f > 0:
+                return "compressed buffers are not accepted (send the stream uncompressed)", None, None
+        else:
+            return f"unsupported message type {kind}", None, None
+        at += mlen + body_len
+        msgs.append((kind, start, at))
+    if schema is None:
+        return "no schema message", None, None
+    return None, schema, msgs
+
+
+# -- the columns of a record batch, through Arrow's C data interface ------------------------
+
+cdef extern from *:
+    """
+    struct VreplArrowArray {
+      int64_t length; int64_t null_count; int64_t offset; int64_t n_buffers;
+      int64_t n_children; const void** buffers; struct VreplArrowArray** children;
+      struct VreplArrowArray* dictionary;
+      void (*release)(struct VreplArrowArray*); void* private_data;
+    };
+    """
+    struct VreplArrowArray:
+        int64_t length
+        int64_t null_count
+        int64_t offset
+        int64_t n_buffers
+        int64_t n_children
+        const void** buffers
+        VreplArrowArray** children
+        VreplArrowArray* dictionary
+        void (*release)(VreplArrowArray*) noexcept
+        void* private_data
+
+
+cdef class _Exported:
+    """A record batch exported through the C data interface (Arrow's ABI-stable struct):
+    its buffers stay valid until this object goes, which releases them."""
+    cdef VreplArrowArray arr
+
+    def __cinit__(self):
+        self.arr.release = NULL
+
+    def __dealloc__(self):
+        if self.arr.release != NULL:
+            self.arr.release(&self.arr)
+
+
+cdef uintptr_t _buf(VreplArrowArray* a, int i) noexcept:
+    return <uintptr_t>a.buffers[i] if i < a.n_buffers else 0
+
+
+def export_columns(object batch, list layout):
+    """ArrowColumns of a validated record batch: `layout` gives, per column of the batch in
+    order, (name, (code, width, owidth, unsigned_index)) as ingest.py's schema check
+    decided; the columns' buffers are read from the C data interface in one export."""
+    cdef _Exported ex = _Exported()
+    cdef VreplArrowArray* c
+    cdef ArrowColumn a
+    cdef list out = []
+    cdef Py_ssize_t i
+    batch._export_to_c(<uintptr_t>&ex.arr)
+    if ex.arr.n_children != len(layout):
+        raise ValueError("the batch does not have its schema's columns")
+    for i in range(ex.arr.n_children):
+        c = ex.arr.children[i]
+        name, code = layout[i]
+        a = ArrowColumn()
+        a.name = name
+        a.code, a.width, a.owidth, a.unsigned_index = code
+        a.offset = c.offset
+        a.keep = ex
+        a.validity = _buf(c, 0) if c.null_count != 0 else 0
+        if a.code == A_STR:
+            a.offsets = _buf(c, 1)
+            a.data = _buf(c, 2)
+        elif a.code == A_DICT:
+            a.data = _buf(c, 1)
+            if c.dictionary == NULL:
+                raise ValueError(f"column {name!r}: no dictionary")
+            a.dict_offset = c.dictionary.offset
+            a.dict_len = c.dictionary.length
+            a.dict_offsets = _buf(c.dictionary, 1)
+            a.dict_data = _buf(c.dictionary, 2)
+        elif a.code != A_NULL:
+            a.data = _buf(c, 1)
+        if c.length and ((a.code == A_STR and a.offsets == 0)
+                         or (a.code == A_DICT and a.dict_len and a.dict_offsets == 0)
+                         or (a.code != A_NULL and a.data == 0 and a.code != A_STR)):
+            raise ValueError(f"column {name!r}: a buffer is missing")
+        out.append(a)
+    return out

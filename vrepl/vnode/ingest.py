@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from vrepl._core import memcols as M
-from vrepl._core.memcols import ArrowColumn, Staged, table_of_series  # noqa: F401  (public)
+from vrepl._core.memcols import Staged, table_of_series  # noqa: F401  (public)
 from vrepl.vnode import rows as R
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import PayloadError
@@ -42,6 +42,10 @@ TABLE_COLUMN = "_table"
 TS_COLUMN = "ts"
 TABLE_METADATA_KEY = b"vrepl.table"
 _DEFAULT = VnodeConfig()
+# Schemas already checked, by the bytes of their schema message: a client sends the same one
+# again and again (the check is a few Python calls per column).
+_SCHEMAS: dict[bytes, "_Checked"] = {}
+SCHEMA_CACHE_MAX = 1024
 _I64 = struct.Struct("<q")
 
 
@@ -185,72 +189,6 @@ class _Refused(Exception):
     """An Arrow stream refused (the one-line reason)."""
 
 
-def _u(fmt: str, buf: bytes, pos: int) -> int:
-    size = struct.calcsize(fmt)
-    if pos < 0 or pos + size > len(buf):
-        raise _Refused("malformed message metadata")
-    return struct.unpack_from(fmt, buf, pos)[0]
-
-
-def _field(buf: bytes, table: int, index: int) -> int | None:
-    """The position of field `index` of the flatbuffer table at `table`, or None if absent."""
-    vtable = table - _u("<i", buf, table)
-    vsize = _u("<H", buf, vtable)
-    if 4 + 2 * index + 2 > vsize:
-        return None
-    off = _u("<H", buf, vtable + 4 + 2 * index)
-    return table + off if off else None
-
-
-def _ref(buf: bytes, pos: int | None) -> int:
-    if pos is None:
-        raise _Refused("malformed message metadata")
-    return pos + _u("<I", buf, pos)
-
-
-def _compressed(meta: bytes) -> bool:
-    """Whether a dictionary or record batch message's buffers are compressed (Arrow's
-    Message.fbs: Message.header_type 2 DictionaryBatch (its field 1 the RecordBatch) or 3
-    RecordBatch; RecordBatch field 3 is `compression`)."""
-    root = _u("<I", meta, 0)
-    kind_pos = _field(meta, root, 1)
-    kind = _u("<B", meta, kind_pos) if kind_pos is not None else 0
-    header = _ref(meta, _field(meta, root, 2))
-    if kind == 2:
-        header = _ref(meta, _field(meta, header, 1))
-    elif kind != 3:
-        raise _Refused(f"unexpected message type {kind}")
-    return _field(meta, header, 3) is not None
-
-
-def _prescan(buf: pa.Buffer) -> None:
-    """Refuse, before pyarrow reads the batches: too many messages, a second schema, tensors,
-    compressed buffers (their decompressed size is the sender's to choose)."""
-    count = 0
-    reader = pa.ipc.MessageReader.open_stream(buf)
-    while True:
-        try:
-            msg = reader.read_next_message()
-        except StopIteration:
-            break
-        count += 1
-        if count > ARROW_MAX_MESSAGES:
-            raise _Refused(f"more than {ARROW_MAX_MESSAGES} messages")
-        kind = msg.type
-        if kind == "schema":
-            if count != 1:
-                raise _Refused("a schema message after the first message")
-            continue
-        if count == 1:
-            raise _Refused(f"the stream starts with a {kind} message, not a schema")
-        if kind not in ("dictionary", "record batch"):
-            raise _Refused(f"unsupported message type {kind!r}")
-        if _compressed(msg.metadata.to_pybytes()):
-            raise _Refused("compressed buffers are not accepted (send the stream uncompressed)")
-    if count == 0:
-        raise _Refused("no schema message")
-
-
 def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
@@ -322,76 +260,74 @@ def _check_schema(schema: pa.Schema) -> tuple[str | None, list[tuple[str, tuple]
     return table_name, values
 
 
-def _address(buf: pa.Buffer | None) -> int:
-    return buf.address if buf is not None else 0
+class _Checked:
+    """A schema that passed _check_schema: the pyarrow Schema, the table (or None: a
+    `_table` column), the ts column's unit code (-1: int64), the layout export_columns
+    takes (every column in order), and whether dictionaries make the stream reader needed."""
+
+    __slots__ = ("schema", "table", "ts_unit", "layout", "dicts", "ts_index", "table_index")
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.table, values = _check_schema(schema)
+        codes = dict(values)
+        ts_type = schema.field(TS_COLUMN).type
+        self.ts_unit = ARROW_TS_UNITS[ts_type.unit] if pa.types.is_timestamp(ts_type) else -1
+        self.layout = []
+        for f in schema:
+            if f.name == TS_COLUMN:
+                code: tuple = (M.ARROW_INT, 8, 0, False)
+            elif f.name == TABLE_COLUMN:
+                code = _field_code(pa.field(TABLE_COLUMN, f.type))
+            else:
+                code = codes[f.name]
+            self.layout.append((f.name, code))
+        self.dicts = any(pa.types.is_dictionary(f.type) for f in schema)
+        self.ts_index = schema.get_field_index(TS_COLUMN)
+        self.table_index = schema.get_field_index(TABLE_COLUMN)
 
 
-def _arrow_column(name: str, arr: pa.Array, code: tuple) -> ArrowColumn:
-    c = ArrowColumn()
-    c.name = name
-    c.code, c.width, c.owidth, c.unsigned_index = code
-    c.offset = arr.offset
-    c.keep = arr
-    bufs = arr.buffers()
-    c.validity = _address(bufs[0]) if arr.null_count else 0
-    if c.code == M.ARROW_STR:
-        c.offsets, c.data = _address(bufs[1]), _address(bufs[2])
-    elif c.code == M.ARROW_DICT:
-        c.data = _address(bufs[1])
-        d = arr.dictionary
-        dbufs = d.buffers()
-        c.dict_offset, c.dict_len = d.offset, len(d)
-        c.dict_offsets, c.dict_data = _address(dbufs[1]), _address(dbufs[2])
-        c.keep = (arr, d)
-    elif c.code != M.ARROW_NULL:
-        c.data = _address(bufs[1])
-    if c.code in (M.ARROW_STR, M.ARROW_DICT) and len(arr) and (
-            c.offsets == 0 if c.code == M.ARROW_STR else c.dict_len and c.dict_offsets == 0):
-        raise _Refused(f"column {name!r}: missing offsets buffer")
-    return c
-
-
-def _ts_column(arr: pa.Array) -> tuple[ArrowColumn, int]:
-    if arr.null_count:
-        raise _Refused("column 'ts' has nulls")
-    c = ArrowColumn()
-    c.name, c.code, c.width = TS_COLUMN, M.ARROW_INT, 8
-    c.offset, c.keep = arr.offset, arr
-    c.data = _address(arr.buffers()[1])
-    unit = ARROW_TS_UNITS[arr.type.unit] if pa.types.is_timestamp(arr.type) else -1
-    return c, unit
-
-
-def read_arrow(body: bytes | memoryview, vunit: int, max_rows: int
-               ) -> tuple[list[tuple], str | None]:
+def read_arrow(body: bytes | memoryview, vunit: int, max_rows: int) -> list[tuple]:
     """The batches arrow_to_staged takes, from an IPC stream; _Refused with the reason."""
+    reason, schema_meta, msgs = M.ipc_scan(body, ARROW_MAX_MESSAGES)
+    if reason is not None:
+        raise _Refused(reason)
     buf = pa.py_buffer(body)
-    _prescan(buf)
-    reader = pa.ipc.open_stream(buf)
-    table_name, values = _check_schema(reader.schema)
+    checked = _SCHEMAS.get(schema_meta)
+    if checked is None:
+        _, start, end = msgs[0]
+        checked = _Checked(pa.ipc.read_schema(buf.slice(start, end - start)))
+        if len(_SCHEMAS) >= SCHEMA_CACHE_MAX:
+            _SCHEMAS.clear()
+        _SCHEMAS[schema_meta] = checked
+    if checked.dicts:      # the stream reader keeps the dictionaries
+        batches = list(pa.ipc.open_stream(buf))
+    else:
+        batches = [pa.ipc.read_record_batch(buf.slice(start, end - start), checked.schema)
+                   for kind, start, end in msgs if kind == 3]
+    unit = -1 if checked.ts_unit == vunit else checked.ts_unit
     out = []
     rows = 0
-    for batch in reader:
+    for batch in batches:
         batch.validate(full=True)
         rows += batch.num_rows
         if rows > max_rows:
             raise _Refused(f"more than {max_rows} rows")
         if batch.num_rows == 0:
             continue
-        ts, unit = _ts_column(batch.column(TS_COLUMN))
-        if unit == vunit:
-            unit = -1
-        if table_name is None:
-            tarr = batch.column(TABLE_COLUMN)
-            if tarr.null_count:
+        cols = M.export_columns(batch, checked.layout)
+        ts = cols[checked.ts_index]
+        if ts.validity:
+            raise _Refused("column 'ts' has nulls")
+        if checked.table is None:
+            table: Any = cols[checked.table_index]
+            if table.validity:
                 raise _Refused("column '_table' has nulls")
-            code = _field_code(pa.field(TABLE_COLUMN, tarr.type))
-            table: Any = _arrow_column(TABLE_COLUMN, tarr, code)
         else:
-            table = table_name
-        cols = [_arrow_column(name, batch.column(name), code) for name, code in values]
-        out.append((batch.num_rows, table, ts, unit, cols))
-    return out, table_name
+            table = checked.table
+        values = [c for c in cols if c.name not in (TS_COLUMN, TABLE_COLUMN)]
+        out.append((batch.num_rows, table, ts, unit, values))
+    return out
 
 
 def arrow_staged(body: bytes | memoryview, cfg: VnodeConfig | None, schemas: dict | None,
@@ -400,7 +336,7 @@ def arrow_staged(body: bytes | memoryview, cfg: VnodeConfig | None, schemas: dic
     the shape only (a payload read back from the WAL)."""
     max_rows = cfg.max_rows_per_batch if cfg is not None else M.ARROW_DECODE_MAX_ROWS
     try:
-        batches, _ = read_arrow(body, vunit, max_rows)
+        batches = read_arrow(body, vunit, max_rows)
     except _Refused as exc:
         return None, f"Arrow stream refused: {exc}"
     except (pa.ArrowException, OSError, ValueError, TypeError, OverflowError, MemoryError) as exc:

@@ -44,7 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import jsonline
-from vrepl.client import arrow_stream
+from vrepl.client import ARROW_END_OF_STREAM
 from vrepl.child import python_argv
 
 from ..procs import ProcessRegistry, bench_module_argv, free_ports
@@ -156,14 +156,16 @@ class VreplArrowClient(VreplHttpClient):
     def _batch(self, items: list[tuple[bytes, bytes]]) -> bytes:
         pa = self.pa
         table = items[0][0][:3]
-        schema = self.schema.get(table)
-        if schema is None:
-            schema = self.schema[table] = pa.schema(
-                [("ts", pa.int64()), ("v", pa.string())], metadata={"vrepl.table": table})
+        cached = self.schema.get(table)
+        if cached is None:
+            schema = pa.schema([("ts", pa.int64()), ("v", pa.string())],
+                               metadata={"vrepl.table": table})
+            cached = self.schema[table] = (schema, schema.serialize().to_pybytes())
+        schema, head = cached
         v = self._enc(items[0][1]).decode()
         batch = pa.record_batch([pa.array([int(k[4:]) for k, _ in items], pa.int64()),
                                  pa.array([v] * len(items), pa.string())], schema=schema)
-        return arrow_stream(batch)
+        return head + batch.serialize().to_pybytes() + ARROW_END_OF_STREAM
 
     def write_one(self, key: bytes, value: bytes) -> None:
         self.client.write_arrow(self.vgroup, self._batch([(key, value)]))
