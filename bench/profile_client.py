@@ -38,10 +38,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.compare.drivers.base import ThroughputSpec  # noqa: E402
-from bench.compare.workload import run_client_processes  # noqa: E402
-from vrepl.node.loadgen import run_load  # noqa: E402
-from vrepl.node.local import LocalCluster  # noqa: E402
+from bench.compare.drivers.base import ThroughputSpec
+from bench.compare.workload import run_client_processes
+from vrepl.node.loadgen import run_load
+from vrepl.node.local import LocalCluster
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -55,10 +55,10 @@ def _thread_names(pid: int) -> dict[str, str]:
     its threads OS names), or {} without py-spy."""
     try:
         text = subprocess.run([_py_spy_bin(), "dump", "--pid", str(pid), "--nonblocking"],
-                              capture_output=True, text=True, timeout=20).stdout
+                              check=False, capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    return dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]*)"', text, re.M))
+    return dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]*)"', text, re.MULTILINE))
 
 
 def _task_stats(pid: int, names: dict[str, str]) -> dict[str, tuple[float, int]]:
@@ -221,7 +221,7 @@ def run_variant(cluster: LocalCluster, kind: str, args) -> dict:
     (w0, nodes0, cl0), (w1, nodes1, cl1) = window.samples[:2]
     wall = w1 - w0
     rows = rate * wall
-    per_row = lambda s: s / max(1.0, rows) * 1e6  # noqa: E731
+    per_row = lambda s: s / max(1.0, rows) * 1e6
     nodes = {}
     for role in pids:
         threads = {}

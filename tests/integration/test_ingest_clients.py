@@ -83,10 +83,10 @@ def test_influxdb_client_v2_sees_a_bad_line_in_influx_shape_and_nothing_is_writt
     from influxdb_client.client.write_api import SYNCHRONOUS
     from influxdb_client.rest import ApiException
     body = "bad1 f=1i 1\nbad1 f=2i,f=3i 2\nbad1 f=4i 3"
-    with InfluxDBClient(url=f"http://{master_ep(cluster)}", token=TOKEN, org="o") as ic:
-        with pytest.raises(ApiException) as info:
-            ic.write_api(write_options=SYNCHRONOUS).write(bucket="1", record=body,
-                                                          write_precision="ms")
+    with InfluxDBClient(url=f"http://{master_ep(cluster)}", token=TOKEN, org="o") as ic, \
+            pytest.raises(ApiException) as info:
+        ic.write_api(write_options=SYNCHRONOUS).write(bucket="1", record=body,
+                                                      write_precision="ms")
     assert info.value.status == 400
     doc = json.loads(info.value.body)
     assert doc["code"] == "invalid" and doc["line"] == 2, doc
@@ -99,9 +99,9 @@ def test_influxdb_client_v2_with_a_wrong_token_gets_401(cluster):
     from influxdb_client import InfluxDBClient
     from influxdb_client.client.write_api import SYNCHRONOUS
     from influxdb_client.rest import ApiException
-    with InfluxDBClient(url=f"http://{master_ep(cluster)}", token="nope", org="o") as ic:
-        with pytest.raises(ApiException) as info:
-            ic.write_api(write_options=SYNCHRONOUS).write(bucket="vg1", record="m f=1 1")
+    with InfluxDBClient(url=f"http://{master_ep(cluster)}", token="nope", org="o") as ic, \
+            pytest.raises(ApiException) as info:
+        ic.write_api(write_options=SYNCHRONOUS).write(bucket="vg1", record="m f=1 1")
     assert info.value.status == 401
     assert json.loads(info.value.body)["code"] == "unauthorized"
 

@@ -39,10 +39,11 @@ import vrepl
 from vrepl.dirlock import DirLock, lock_dir
 from vrepl.errors import ConfigError, ListenError
 from vrepl.logsetup import reopen_logs, setup_logging
-from vrepl.node.config import NodeConfig
 from vrepl.node import influx
+from vrepl.node.config import NodeConfig
 from vrepl.node.http import HttpServer, Request, Response, error, server_ssl_context
-from vrepl.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, NodeMetrics
+from vrepl.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from vrepl.node.metrics import NodeMetrics
 from vrepl.node.vgroup import KIND_ARROW, KIND_LINES, VgroupHost
 from vrepl.transport.loop import IoLoop
 from vrepl.vnode.ingest import ARROW_CONTENT_TYPE

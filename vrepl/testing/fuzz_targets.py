@@ -13,11 +13,14 @@ import tempfile
 
 from vrepl import wal
 from vrepl._core import framebuf, record
+from vrepl.errors import VreplError
 from vrepl.replica import messages as _messages
 from vrepl.transport import codec
-from vrepl.transport.handshake import (HANDSHAKE_MAX_FRAME_BYTES, ClientHandshake,
-                                       ServerHandshake)
-from vrepl.errors import VreplError
+from vrepl.transport.handshake import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    ClientHandshake,
+    ServerHandshake,
+)
 from vrepl.vnode import ingest
 from vrepl.vnode.config import VnodeConfig
 
@@ -173,6 +176,7 @@ def target_arrow_stream(data: bytes) -> None:
 
 def _arrow_seeds() -> list[bytes]:
     import pyarrow as pa
+
     from vrepl.client import arrow_stream
     one = pa.record_batch({"ts": pa.array([1, 2, 3], pa.int64()),
                            "v": pa.array([1.5, None, 2.5]), "s": pa.array(["a", "bc", None]),
@@ -187,8 +191,8 @@ def _arrow_seeds() -> list[bytes]:
 
 
 def _lp_seeds() -> list[bytes]:
-    return [b"\x00cpu,host=a usage=0.5,n=3i,ok=t,s=\"h\\\"i\" 1700000000000000000\n"
-            b"cpu,host=a usage=1 1700000000001000000\nmem free=3u\n# c\n\n",
+    return [(b"\x00cpu,host=a usage=0.5,n=3i,ok=t,s=\"h\\\"i\" 1700000000000000000\n"
+             b"cpu,host=a usage=1 1700000000001000000\nmem free=3u\n# c\n\n"),
             b"\x02m\\ x,t\\,k=v\\=w f=1e3,g=-2i,h=\"\" 1700000000000\r\n"]
 
 

@@ -21,9 +21,18 @@ from vrepl._core.memcols import Staged, table_of_series  # noqa: F401  (public)
 from vrepl.vnode import rows as R
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import PayloadError
-from vrepl.vnode.rows import (COLUMN_NAME_RE, COLUMN_NAME_RULE, INT64_MAX, INT64_MIN,
-                              PAYLOAD_FORMAT_ARROW, PAYLOAD_FORMAT_LINES, PAYLOAD_MAGIC,
-                              REQUEST_ID_RE, TABLE_NAME_RE, TABLE_NAME_RULE)
+from vrepl.vnode.rows import (
+    COLUMN_NAME_RE,
+    COLUMN_NAME_RULE,
+    INT64_MAX,
+    INT64_MIN,
+    PAYLOAD_FORMAT_ARROW,
+    PAYLOAD_FORMAT_LINES,
+    PAYLOAD_MAGIC,
+    REQUEST_ID_RE,
+    TABLE_NAME_RE,
+    TABLE_NAME_RULE,
+)
 
 ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 # Timestamp units by name (InfluxDB's precision values, v1 and v2) -> the payload's code.
@@ -44,7 +53,7 @@ TABLE_METADATA_KEY = b"vrepl.table"
 _DEFAULT = VnodeConfig()
 # Schemas already checked, by the bytes of their schema message: a client sends the same one
 # again and again (the check is a few Python calls per column).
-_SCHEMAS: dict[bytes, "_Checked"] = {}
+_SCHEMAS: dict[bytes, _Checked] = {}
 SCHEMA_CACHE_MAX = 1024
 _I64 = struct.Struct("<q")
 
@@ -265,7 +274,7 @@ class _Checked:
     `_table` column), the ts column's unit code (-1: int64), the layout export_columns
     takes (every column in order), and whether dictionaries make the stream reader needed."""
 
-    __slots__ = ("schema", "table", "ts_unit", "layout", "dicts", "ts_index", "table_index")
+    __slots__ = ("dicts", "layout", "schema", "table", "table_index", "ts_index", "ts_unit")
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
@@ -290,8 +299,8 @@ class _Checked:
 def read_arrow(body: bytes | memoryview, vunit: int, max_rows: int) -> list[tuple]:
     """The batches arrow_to_staged takes, from an IPC stream; _Refused with the reason."""
     reason, schema_meta, msgs = M.ipc_scan(body, ARROW_MAX_MESSAGES)
-    if reason is not None:
-        raise _Refused(reason)
+    if reason is not None or schema_meta is None or msgs is None:
+        raise _Refused(reason or "no schema message")
     buf = pa.py_buffer(body)
     checked = _SCHEMAS.get(schema_meta)
     if checked is None:

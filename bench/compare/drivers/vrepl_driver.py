@@ -43,10 +43,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import jsonline
-from vrepl.client import ARROW_END_OF_STREAM
 from vrepl.child import python_argv
+from vrepl.client import ARROW_END_OF_STREAM
 
+from .. import jsonline
 from ..procs import ProcessRegistry, bench_module_argv, free_ports
 from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
 
