@@ -231,6 +231,9 @@ class _Conn:
 
 
 ARROW_CONTENT_TYPE = b"application/vnd.apache.arrow.stream"
+# Below this many rows JSON costs less than Arrow at both ends (building and reading an IPC
+# stream has a fixed cost of tens of µs; docs/perf.md §14): write() sends them as JSON.
+BINARY_MIN_ROWS = 64
 JSON_CONTENT_TYPE = b"application/json"
 _ARROW_TYPES = {bool: "bool", int: "int64", float: "float64", str: "string"}
 
@@ -456,14 +459,15 @@ class Client:
               request_id: str | None = None) -> WriteResult:
         """Write a batch of rows ([table, ts, {column: value}], or their JSON bytes) and return
         its version once a quorum confirmed it. Rows go as an Arrow IPC stream when the
-        client is `binary` (the default) and they map to one, else as JSON. Follows the
+        client is `binary` (the default), they are BINARY_MIN_ROWS or more and they map to
+        one, else as JSON. Follows the
         master; retries with the same request id. Raises BadRequestError (refused: nothing
         written), NotWrittenError (no master took it) or OutcomeUnknownError (retry later
         with e.request_id)."""
         if isinstance(rows, bytes):
             return self._write(vgroup, None, lambda: rows, request_id)  # type: ignore[arg-type,return-value]
         rows = rows if isinstance(rows, list) else list(rows)
-        arrow = rows_to_arrow(rows) if self.binary else None
+        arrow = rows_to_arrow(rows) if self.binary and len(rows) >= BINARY_MIN_ROWS else None
         return self._write(vgroup, arrow, lambda: json.dumps(
             rows, separators=(",", ":"), allow_nan=False).encode(), request_id)
 

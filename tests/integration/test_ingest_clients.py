@@ -155,14 +155,16 @@ def test_line_protocol_gzip_precision_and_errors_over_plain_http(cluster):
 
 def test_the_client_writes_arrow_by_default_and_every_replica_agrees(cluster):
     with cluster.client() as cl:
+        filler = [["arrf", 100 + i, {"k": i}] for i in range(61)]   # 64 rows: Arrow
         res = cl.write(VG, [["arr", 1, {"v": 1.0, "s": "a"}], ["arr", 2, {"v": 2.5}],
-                            ["arr2", 3, {"b": True}]])
+                            ["arr2", 3, {"b": True}], *filler])
         assert not res.duplicate
         # an int and a float in one new column: sent as JSON, whose rule (the first value
         # fixes the type) refuses it, as it would without Arrow
         with pytest.raises(BadRequestError) as info:
-            cl.write(VG, [["mixed", 1, {"v": 1}], ["mixed", 2, {"v": 2.5}]])
+            cl.write(VG, [["mixed", 1, {"v": 1}], ["mixed", 2, {"v": 2.5}], *filler])
         assert "is int, got float" in info.value.reason
+        small = cl.write(VG, [["arrs", 1, {"v": 1}]])                  # 1 row: JSON
         ids = cl.write_arrow(VG, pa.record_batch(
             {"ts": pa.array([10, 11], pa.timestamp("s")), "x": pa.array([1, None], pa.uint8())},
             metadata={"vrepl.table": "arr3"}))
@@ -176,6 +178,7 @@ def test_the_client_writes_arrow_by_default_and_every_replica_agrees(cluster):
     wal = os.path.join(cluster.nodes[cluster.master()].dir, "data", f"vg{VG}", "wal")
     formats = {r.version: r.payload[3] for r in read_records(wal, res.version)}
     assert formats[res.version] == 4 and formats[ids.version] == 4     # Arrow payloads
+    assert formats[small.version] == 2                                  # JSON, request id
     rows = rows_everywhere(cluster, "arr", 2)
     assert rows[0]["v"] == 1.0 and rows[0]["s"] == "a" and rows[1]["v"] == 2.5 \
         and rows[1]["s"] is None
