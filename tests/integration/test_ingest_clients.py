@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import time
 
 import pyarrow as pa
@@ -151,6 +152,58 @@ def test_line_protocol_gzip_precision_and_errors_over_plain_http(cluster):
         assert code == 204
     rows = rows_everywhere(cluster, table_of_series("gz", {"k": "v"}), 2)
     assert [r["ts"] for r in rows] == [1_700_000_000_000, 1_700_000_001_000]
+
+
+def _raw_exchange(ep: str, head: bytes) -> tuple[int, dict]:
+    """Send only a request's head (its Content-Length promises a body that never comes) and
+    read the answer to the end: (status, JSON body)."""
+    host, port = ep.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    status = int(out.split(b" ", 2)[1])
+    return status, json.loads(out.split(b"\r\n\r\n", 1)[1])
+
+
+@pytest.mark.parametrize("v1", [True, False])
+def test_line_protocol_bad_input_is_refused_in_influx_shape_and_writes_nothing(cluster, v1):
+    """The issue's bad-input list over HTTP, v1 and v2 shapes: a body over max_body_bytes
+    (declared, and once gunzipped), an unknown precision, a field changing type against the
+    stored table, a partial last line; each refusal names its line and nothing of the
+    request (its valid lines included) is written."""
+    ep = master_ep(cluster)
+    route = "/write?db=vg1" if v1 else "/api/v2/write?bucket=vg1"
+    msg = "error" if v1 else "message"
+    series = "bi1" if v1 else "bi2"
+    table = table_of_series(series, {"k": "v"})
+    code, doc = _raw_exchange(ep, (f"POST {route} HTTP/1.1\r\nHost: x\r\nAuthorization: Token"
+                                   f" {TOKEN}\r\nContent-Length: {9 * 2**20}\r\n\r\n").encode())
+    assert code == 413 and "max_body_bytes" in doc[msg] and "\n" not in doc[msg], doc
+    assert v1 or doc["code"] == "request too large", doc
+    with Client([ep], token=TOKEN) as cl:
+        assert cl.request(ep, "POST", route, f"{series},k=v f=1i 1\n".encode())[0] == 204
+        before = rows_everywhere(cluster, table, 1)
+        bomb = gzip.compress(f"{series},k=v f=2i 2\n".encode() * (9 * 2**20 // 16))
+        conn = cl._conn(ep)
+        conn._head_lines += b"\r\nContent-Encoding: gzip"
+        try:
+            code, doc = conn.request("POST", route, bomb, b"text/plain")
+        finally:
+            conn._head_lines = conn._head_lines.replace(b"\r\nContent-Encoding: gzip", b"")
+        assert code == 413 and "once decompressed" in doc[msg], doc
+        code, doc = cl.request(ep, "POST", route + "&precision=fortnight", b"x f=1 1\n")
+        assert code == 400 and "precision 'fortnight'" in doc[msg], doc
+        for body, line, what in [
+                (f"{series},k=v f=3i 3\n{series},k=v f=4.5 4\n", 2, "is int, got float"),
+                (f"{series},k=v f=3i 3\n{series},k=v f=4i 4\n{series},k=v f=", 3,
+                 "missing value"),
+                (f"{series},k=v f=3i 3\n{series},k=v\\", 2, "bad escape")]:
+            code, doc = cl.request(ep, "POST", route, body.encode())
+            assert code == 400 and doc[msg].startswith(f"line {line}: ") and what in doc[msg], doc
+            assert v1 or doc["line"] == line, doc
+    assert rows_everywhere(cluster, table, 1) == before       # nothing half-applied
 
 
 def test_the_client_writes_arrow_by_default_and_every_replica_agrees(cluster):

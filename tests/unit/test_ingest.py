@@ -233,6 +233,28 @@ def test_arrow_refusals_are_one_line_and_write_nothing(vn, body, what):
     assert "\n" not in reason and payload == b"" and vn.schemas == {}
 
 
+def test_hostile_arrow_shapes_are_refused_before_they_are_read(vn):
+    """Counts the sender chooses are bounded: messages, columns, and a batch whose declared
+    row count its buffers do not hold (refused by validation, nothing allocated for it)."""
+    b = pa.record_batch({"ts": pa.array([1], pa.int64()), "v": pa.array([1])}, metadata=T)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, b.schema) as w:
+        for _ in range(I.ARROW_MAX_MESSAGES + 1):
+            w.write_batch(b)
+    assert "more than 1024 messages" in write_arrow(vn, sink.getvalue().to_pybytes())[0]
+    wide = {"ts": pa.array([1], pa.int64()), **{f"c{i}": pa.array([i]) for i in range(1030)}}
+    assert "above 1026" in write_arrow(vn, _stream(wide, T))[0]
+    body = bytearray(_stream({"ts": pa.array([7], pa.int64()), "v": pa.array([9])}, T))
+    one = (1).to_bytes(8, "little")                   # the batch's row counts: 1 row
+    at = body.find(one, body.rfind(b"\xff\xff\xff\xff", 0, len(body) - 8))  # in the batch
+    while at >= 0:
+        body[at:at + 8] = (2**40).to_bytes(8, "little")
+        at = body.find(one, at)
+    reason = write_arrow(vn, bytes(body))[0]
+    assert reason is not None and "\n" not in reason, reason
+    assert vn.schemas == {} and vn.get_version() == 0
+
+
 def test_arrow_row_limit_counts_every_batch(tmp_path):
     v = Vnode(str(tmp_path / "r"), VnodeConfig(max_rows_per_batch=3))
     try:
