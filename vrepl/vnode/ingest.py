@@ -20,7 +20,7 @@ from vrepl._core import memcols as M
 from vrepl._core.memcols import Staged, table_of_series  # noqa: F401  (public)
 from vrepl.vnode import rows as R
 from vrepl.vnode.config import VnodeConfig
-from vrepl.vnode.errors import PayloadError
+from vrepl.vnode.errors import PayloadError, StreamRefused
 from vrepl.vnode.rows import (
     COLUMN_NAME_RE,
     COLUMN_NAME_RULE,
@@ -194,16 +194,12 @@ def lines_staged(body: bytes | memoryview, cfg: VnodeConfig | None, schemas: dic
 
 # -- Arrow -----------------------------------------------------------------------------------
 
-class _Refused(Exception):
-    """An Arrow stream refused (the one-line reason)."""
-
-
 def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _field_code(f: pa.Field) -> tuple[int, int, int, bool]:
-    """(code, width, offset width, unsigned index) of a value column, or _Refused."""
+    """(code, width, offset width, unsigned index) of a value column, or StreamRefused."""
     t = f.type
     if pa.types.is_null(t):
         return M.ARROW_NULL, 0, 0, False
@@ -221,51 +217,51 @@ def _field_code(f: pa.Field) -> tuple[int, int, int, bool]:
         return (M.ARROW_DICT, t.index_type.bit_width // 8,
                 8 if pa.types.is_large_string(t.value_type) else 4,
                 not pa.types.is_signed_integer(t.index_type))
-    raise _Refused(f"column {f.name!r} has type {t}: value columns are int8-64, uint8-64,"
+    raise StreamRefused(f"column {f.name!r} has type {t}: value columns are int8-64, uint8-64,"
                    " float32/64, bool, string, large_string, dictionary of strings or null")
 
 
 def _check_schema(schema: pa.Schema) -> tuple[str | None, list[tuple[str, tuple]]]:
     """(the table from the metadata or None, [(value column name, code tuple)])."""
     if len(schema) > ARROW_MAX_FIELDS:
-        raise _Refused(f"{len(schema)} columns, above {ARROW_MAX_FIELDS}")
+        raise StreamRefused(f"{len(schema)} columns, above {ARROW_MAX_FIELDS}")
     names = schema.names
     if len(set(names)) != len(names):
-        raise _Refused("a column name appears twice")
+        raise StreamRefused("a column name appears twice")
     meta = schema.metadata or {}
     table = meta.get(TABLE_METADATA_KEY)
     if TS_COLUMN not in names:
-        raise _Refused("no 'ts' column")
+        raise StreamRefused("no 'ts' column")
     ts_type = schema.field(TS_COLUMN).type
     if not (pa.types.is_int64(ts_type) or pa.types.is_timestamp(ts_type)):
-        raise _Refused(f"column 'ts' has type {ts_type}: int64 (in the vnode's precision) or"
+        raise StreamRefused(f"column 'ts' has type {ts_type}: int64 (in the vnode's precision) or"
                        " timestamp")
     if TABLE_COLUMN in names:
         if table is not None:
-            raise _Refused("both a '_table' column and 'vrepl.table' metadata")
+            raise StreamRefused("both a '_table' column and 'vrepl.table' metadata")
         t = schema.field(TABLE_COLUMN).type
         if not (_is_string(t) or (pa.types.is_dictionary(t) and _is_string(t.value_type)
                                   and pa.types.is_integer(t.index_type))):
-            raise _Refused(f"column '_table' has type {t}: string or dictionary of strings")
+            raise StreamRefused(f"column '_table' has type {t}: string or dictionary of strings")
         table_name = None
     elif table is None:
-        raise _Refused("no table: a '_table' column or 'vrepl.table' schema metadata")
+        raise StreamRefused("no table: a '_table' column or 'vrepl.table' schema metadata")
     else:
         try:
             table_name = table.decode("utf-8")
         except UnicodeDecodeError:
-            raise _Refused("'vrepl.table' metadata is not UTF-8") from None
+            raise StreamRefused("'vrepl.table' metadata is not UTF-8") from None
         if TABLE_NAME_RE.fullmatch(table_name) is None:
-            raise _Refused(f"table name {table_name[:80]!r} does not match {TABLE_NAME_RULE}")
+            raise StreamRefused(f"table name {table_name[:80]!r} does not match {TABLE_NAME_RULE}")
     values = []
     for f in schema:
         if f.name in (TS_COLUMN, TABLE_COLUMN):
             continue
         if COLUMN_NAME_RE.fullmatch(f.name) is None:
-            raise _Refused(f"column name {f.name[:80]!r} does not match {COLUMN_NAME_RULE}")
+            raise StreamRefused(f"column name {f.name[:80]!r} does not match {COLUMN_NAME_RULE}")
         values.append((f.name, _field_code(f)))
     if not values:
-        raise _Refused("no value column")
+        raise StreamRefused("no value column")
     return table_name, values
 
 
@@ -297,10 +293,10 @@ class _Checked:
 
 
 def read_arrow(body: bytes | memoryview, vunit: int, max_rows: int) -> list[tuple]:
-    """The batches arrow_to_staged takes, from an IPC stream; _Refused with the reason."""
+    """The batches arrow_to_staged takes, from an IPC stream; StreamRefused with the reason."""
     reason, schema_meta, msgs = M.ipc_scan(body, ARROW_MAX_MESSAGES)
     if reason is not None or schema_meta is None or msgs is None:
-        raise _Refused(reason or "no schema message")
+        raise StreamRefused(reason or "no schema message")
     buf = pa.py_buffer(body)
     checked = _SCHEMAS.get(schema_meta)
     if checked is None:
@@ -321,17 +317,17 @@ def read_arrow(body: bytes | memoryview, vunit: int, max_rows: int) -> list[tupl
         batch.validate(full=True)
         rows += batch.num_rows
         if rows > max_rows:
-            raise _Refused(f"more than {max_rows} rows")
+            raise StreamRefused(f"more than {max_rows} rows")
         if batch.num_rows == 0:
             continue
         cols = M.export_columns(batch, checked.layout)
         ts = cols[checked.ts_index]
         if ts.validity:
-            raise _Refused("column 'ts' has nulls")
+            raise StreamRefused("column 'ts' has nulls")
         if checked.table is None:
             table: Any = cols[checked.table_index]
             if table.validity:
-                raise _Refused("column '_table' has nulls")
+                raise StreamRefused("column '_table' has nulls")
         else:
             table = checked.table
         values = [c for c in cols if c.name not in (TS_COLUMN, TABLE_COLUMN)]
@@ -346,7 +342,7 @@ def arrow_staged(body: bytes | memoryview, cfg: VnodeConfig | None, schemas: dic
     max_rows = cfg.max_rows_per_batch if cfg is not None else M.ARROW_DECODE_MAX_ROWS
     try:
         batches = read_arrow(body, vunit, max_rows)
-    except _Refused as exc:
+    except StreamRefused as exc:
         return None, f"Arrow stream refused: {exc}"
     except (pa.ArrowException, OSError, ValueError, TypeError, OverflowError, MemoryError) as exc:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
