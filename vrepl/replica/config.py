@@ -142,4 +142,3 @@ def config_invalid(cfg: Config) -> str | None:
             " (the renewal period plus the allowance)"
         )
     return None
-

@@ -35,7 +35,8 @@ from vrepl.spark.model import Finding, ReplicaSpec
 from vrepl.vnode.errors import ArchiveError, PayloadError
 from vrepl.vnode.files import ARROW_TYPES, MANIFEST_NAME, ArchivedFile, Manifest, file_magic
 from vrepl.vnode import staging as S
-from vrepl.vnode.rows import decode_checked, type_accepts
+from vrepl.vnode.ingest import decode_checked, staged_rows
+from vrepl.vnode.rows import type_accepts
 
 WAL_DIR = "wal"
 FILE_TYPES = {v: k for k, v in ARROW_TYPES.items()}   # Arrow type -> table type name
@@ -381,7 +382,7 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
             continue
         for table, cols in added.items():
             schemas.setdefault(table, {}).update(cols)
-        for table, ts, values in batch:
+        for table, ts, values in (batch if isinstance(batch, list) else staged_rows(batch)):
             rows[(table, ts)] = (version, epoch, values)
     return rows
 
