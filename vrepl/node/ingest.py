@@ -274,7 +274,6 @@ class Rounds:
 
     async def ingest(self, files: Sequence[IngestFile], kind: str,
                      meta: Mapping[str, Any] | None = None) -> IngestResult:
-        host = self.host
         self._check_refusal()
         files = list(files)
         meta = {} if meta is None else dict(meta)
