@@ -1,4 +1,4 @@
-"""Where the CPU of a client-API write goes, per process and per thread (docs/perf.md §14).
+"""Where the CPU of a client-API write goes, per process and per thread (docs/perf.md §13).
 
     python bench/profile_client.py [--variants compare-json,e2e-loadgen] [--duration 6]
                                    [--dir /dev/shm] [--py-spy SECONDS] [--json]
@@ -116,7 +116,8 @@ def _top_functions(raw_path: str, n: int = 12) -> dict[str, list[tuple[str, floa
                 total += k
                 frames = stack.split(";")
                 own[name(frames[-1])] += k
-                for f in {name(x) for x in frames if "/vrepl/" in x}:
+                # py-spy names a file relative to its sys.path entry ("vrepl/node/http.py")
+                for f in {name(x) for x in frames if "(vrepl/" in x or "/vrepl/" in x}:
                     incl[f] += k
     except OSError:
         return {}
@@ -221,7 +222,9 @@ def run_variant(cluster: LocalCluster, kind: str, args) -> dict:
     (w0, nodes0, cl0), (w1, nodes1, cl1) = window.samples[:2]
     wall = w1 - w0
     rows = rate * wall
-    per_row = lambda s: s / max(1.0, rows) * 1e6
+
+    def per_row(s: float) -> float:
+        return s / max(1.0, rows) * 1e6
     nodes = {}
     for role in pids:
         threads = {}

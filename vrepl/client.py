@@ -203,7 +203,7 @@ class _Conn:
 
 ARROW_CONTENT_TYPE = b"application/vnd.apache.arrow.stream"
 # Below this many rows JSON costs less than Arrow at both ends (building and reading an IPC
-# stream has a fixed cost of tens of µs; docs/perf.md §14): write() sends them as JSON.
+# stream has a fixed cost of tens of µs; docs/perf.md §13.3): write() sends them as JSON.
 BINARY_MIN_ROWS = 64
 JSON_CONTENT_TYPE = b"application/json"
 _ARROW_TYPES = {bool: "bool", int: "int64", float: "float64", str: "string"}
