@@ -25,8 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from vrepl.errors import (BadRequestError, ClientError, ConfigError, NotWrittenError,
-                          OutcomeUnknownError, UnauthorizedError)
+from vrepl.errors import (
+    BadRequestError,
+    ClientError,
+    ConfigError,
+    NotWrittenError,
+    OutcomeUnknownError,
+    UnauthorizedError,
+)
 
 # A bearer token: visible ASCII without spaces, so it travels in a header as it is.
 TOKEN_MAX_BYTES = 4096
