@@ -1,4 +1,4 @@
-"""Where the CPU of a client-API write goes, per process and per thread (docs/perf.md §14).
+"""Where the CPU of a client-API write goes, per process and per thread (docs/perf.md §13).
 
     python bench/profile_client.py [--variants compare-json,e2e-loadgen] [--duration 6]
                                    [--dir /dev/shm] [--py-spy SECONDS] [--json]
@@ -44,6 +44,10 @@ from vrepl.node.loadgen import run_load
 from vrepl.node.local import LocalCluster
 
 TICK = os.sysconf("SC_CLK_TCK")
+# When the client processes start writing (plus 0.1 s per client): late enough that 8
+# interpreters importing vrepl.client and pyarrow on a loaded machine are ready by then, so
+# the measured window holds no client's start-up (run_client_processes waits for them all).
+CLIENT_START_S = 5.0
 
 
 def _py_spy_bin() -> str:
@@ -116,7 +120,8 @@ def _top_functions(raw_path: str, n: int = 12) -> dict[str, list[tuple[str, floa
                 total += k
                 frames = stack.split(";")
                 own[name(frames[-1])] += k
-                for f in {name(x) for x in frames if "/vrepl/" in x}:
+                # py-spy names a file relative to its sys.path entry ("vrepl/node/http.py")
+                for f in {name(x) for x in frames if "(vrepl/" in x or "/vrepl/" in x}:
                     incl[f] += k
     except OSError:
         return {}
@@ -198,9 +203,9 @@ def run_variant(cluster: LocalCluster, kind: str, args) -> dict:
     names = {role: _thread_names(pid) for role, pid in pids.items()}
     window = _Window(pids, names)
     load0 = os.getloadavg()[0]
-    # The measured window starts after the start-up (client processes: 1.5 s + 0.1 s per
+    # The measured window starts after the start-up (client processes: CLIENT_START_S + 0.1 s per
     # client, see run_client_processes) and the 1 s warm-up, and lasts args.duration.
-    lead = 1.0 if kind == "e2e-loadgen" else 1.5 + 0.1 * args.clients + 1.0
+    lead = 1.0 if kind == "e2e-loadgen" else CLIENT_START_S + 0.1 * args.clients + 1.0
     timers = [window.at(lead + 0.05), window.at(lead + args.duration - 0.05)]
     if args.py_spy:
         timers.append(threading.Timer(lead, lambda: spies.append(
@@ -213,7 +218,8 @@ def run_variant(cluster: LocalCluster, kind: str, args) -> dict:
     else:
         spec = ThroughputSpec(clients=args.clients, batch=100, value_size=100,
                               duration_s=args.duration, warmup_s=1.0)
-        res = run_client_processes(_compare_factory(kind, cluster.endpoints), spec)
+        res = run_client_processes(_compare_factory(kind, cluster.endpoints), spec,
+                                   start_delay_s=CLIENT_START_S)
         rate = res["writes_per_s"]
     for t in timers:
         t.join()
@@ -221,7 +227,9 @@ def run_variant(cluster: LocalCluster, kind: str, args) -> dict:
     (w0, nodes0, cl0), (w1, nodes1, cl1) = window.samples[:2]
     wall = w1 - w0
     rows = rate * wall
-    per_row = lambda s: s / max(1.0, rows) * 1e6
+
+    def per_row(s: float) -> float:
+        return s / max(1.0, rows) * 1e6
     nodes = {}
     for role in pids:
         threads = {}

@@ -25,8 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from vrepl.errors import (BadRequestError, ClientError, ConfigError, NotWrittenError,
-                          OutcomeUnknownError, UnauthorizedError)
+from vrepl.errors import (
+    BadRequestError,
+    ClientError,
+    ConfigError,
+    NotWrittenError,
+    OutcomeUnknownError,
+    UnauthorizedError,
+)
 
 # A bearer token: visible ASCII without spaces, so it travels in a header as it is.
 TOKEN_MAX_BYTES = 4096
@@ -203,7 +209,7 @@ class _Conn:
 
 ARROW_CONTENT_TYPE = b"application/vnd.apache.arrow.stream"
 # Below this many rows JSON costs less than Arrow at both ends (building and reading an IPC
-# stream has a fixed cost of tens of µs; docs/perf.md §14): write() sends them as JSON.
+# stream has a fixed cost of tens of µs; docs/perf.md §13.3): write() sends them as JSON.
 BINARY_MIN_ROWS = 64
 JSON_CONTENT_TYPE = b"application/json"
 _ARROW_TYPES = {bool: "bool", int: "int64", float: "float64", str: "string"}

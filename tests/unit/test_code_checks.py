@@ -67,6 +67,7 @@ def test_ruff_format():
     run("ruff", "format", "--check", "--no-cache", *without(checked_files(), FORMAT_PENDING))
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 def test_mypy():
     files = [f for f in without(checked_files(), LINT_AND_TYPES_PENDING) if f.startswith("vrepl/")]
     run("mypy", "--cache-dir", os.devnull, *files)
@@ -88,6 +89,7 @@ def test_stub_parses_with_the_oldest_grammar(stub):
     ast.parse((ROOT / stub).read_text(), filename=stub, feature_version=OLDEST)
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 def test_stubs_type_check_on_the_oldest_python():
     # e.g. collections.abc.Buffer exists from 3.12 only: a 3.11 stub says typing_extensions.
     run("mypy", "--cache-dir", os.devnull, "--python-version", ".".join(map(str, OLDEST)), *STUBS)

@@ -220,6 +220,7 @@ def test_vrepl_client_rows_carry_the_key_as_table_and_ts():
     assert "group commit" in _fsync_setting(True).description
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 @pytest.mark.timeout(200)
 def test_smoke_vrepl_drivers_measure_and_leave_nothing(tmp_path):
     out = tmp_path / "v.json"
