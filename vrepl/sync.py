@@ -172,6 +172,10 @@ class SyncCallbacks:
     staged file; default CRC-32C, 1 if 0, the reference vnode's rule), notify_restore(status,
     reason) with status "ok" / "failed". get_wal_info is accepted; the instance owns the WAL
     and lists it itself.
+    Ingested rounds (docs/vnode.md §9): serve_fetch(stream, node) on a thread of its own, for a
+    FETCH connection from another replica (the app answers its requests; the instance closes
+    the stream after); get_acked_version() once at start: the highest version the app may
+    acknowledge (what it persisted as acks promise), or None (default): the WAL's end.
     """
 
     write_to_cache: Callable[[int, bytes], Any] | None = None
@@ -188,6 +192,8 @@ class SyncCallbacks:
     notify_file_synced: Callable[..., Any] | None = None
     file_magic: Callable[[str], int] | None = None
     notify_restore: Callable[[str, str], Any] | None = None
+    serve_fetch: Callable[[Any, int], Any] | None = None
+    get_acked_version: Callable[[], int | None] | None = None
 
 
 @dataclass
@@ -532,7 +538,11 @@ class SyncInstance:
         if promised_epoch < disk.last_epoch or (promised_epoch and promised_master not in self._addr_by_node):
             # No (or an older) promise file: claim the log's own epoch, as its writer did.
             promised_epoch, promised_master = disk.last_epoch, (self.node if disk.last_epoch else NO_NODE)
+        # An app that persisted less than the WAL holds (a round whose files are not staged
+        # yet, docs/vnode.md §9.3) must not have the records above it acked for it.
+        acked = self.cb.get_acked_version() if self.cb.get_acked_version is not None else None
         return cfg.replica_config(
+            app_acked_version=acked,
             last_epoch=disk.last_epoch,
             last_version=disk.last_version,
             epoch_history=disk.epoch_history,
@@ -1113,6 +1123,28 @@ class SyncInstance:
             return f"vg{self.cfg.vgroup_id} serves no backups (restore.allow_backup is off)"
         return None
 
+    def fetch_hello_refusal(self, node: int) -> str | None:
+        """Why a FETCH connection (files of an ingested round) from `node` is refused."""
+        if self._state != "running":
+            return f"vg{self.cfg.vgroup_id} is {self._state}"
+        if node not in self._addr_by_node or node == self.node:
+            return f"fetch connection from n{node}: not another replica of vg{self.cfg.vgroup_id}"
+        if self.cb.serve_fetch is None:
+            return f"vg{self.cfg.vgroup_id} serves no fetches (the app has no rounds of files)"
+        return None
+
+    def _serve_fetch(self, stream: Any, node: int) -> None:
+        """A FETCH connection: the app answers it on a thread of its own (bulk file reads)."""
+        def run() -> None:
+            try:
+                self.cb.serve_fetch(stream, node)  # type: ignore[misc]
+            except Exception:
+                log.exception("%s: serving a fetch of n%d failed", self.log_prefix(), node)
+            finally:
+                stream.close()
+        threading.Thread(target=run, name=f"vrepl-fetch-vg{self.cfg.vgroup_id}-n{node}",
+                         daemon=True).start()
+
     def on_sync_connection(self, sock: Any, hello: codec.Hello) -> None:
         """A sync/backup connection finished its handshake on this node's server (I/O thread)."""
         from vrepl.restore.live import ReceiverSession, SenderSession
@@ -1122,6 +1154,9 @@ class SyncInstance:
         stream = SyncStream(sock, io_timeout_s=rc.io_timeout_s)
         if self._state != "running":
             stream.close()
+            return
+        if hello.kind == ConnKind.FETCH:
+            self._serve_fetch(stream, hello.node)
             return
         if hello.kind == ConnKind.BACKUP:
             session = SenderSession(self, None, stream=stream)

@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("replica", ("vrepl.replica",)),                # events in, actions out
     ("core", ("vrepl._core",)),                     # Cython, no I/O
     ("base", ("vrepl", "vrepl.errors", "vrepl.exitcodes", "vrepl.untrusted", "vrepl.child",
-              "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed")),  # leaves every layer uses
+              "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed", "vrepl.killpoints")),  # leaves
 )
 # Prefixes that name one module only, not the modules under it ("vrepl" is the package's
 # __init__, its version; every other module of vrepl must be placed on purpose).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from vrepl.node.ingest import Rounds
 from vrepl.node.vgroup import VgroupHost
 from vrepl.replica.history import EpochHistory
 
@@ -19,6 +20,9 @@ class FakeVnode:
 
     def flush_due(self, up_to_version=None):
         return None
+
+    def first_unstaged_ingest(self):
+        return None      # no round of ingested files waits for its files here
 
 
 class FakeSync:
@@ -38,6 +42,7 @@ def host(pairs) -> VgroupHost:
     h.flushing = h.stopping = False
     h.state = "serving"
     h.counters = {"apply_errors": 0}
+    h.rounds = Rounds(h)
     return h
 
 

@@ -17,6 +17,8 @@ Routes (each request is counted under its route pattern, docs/operations.md §Me
     GET  /ping                                        InfluxDB's liveness probe: 204
     GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
     GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
+    POST /v1/vgroups/{id}/ingest                      body: {"files": [...], "kind", "meta"}: a round
+                                                      of files in the vgroup's staging directory
     GET  /metrics                                     Prometheus text format (vrepl/node/metrics.py)
 
 With http.token_file set, every route needs `Authorization: Bearer <token>` (checked in
@@ -56,6 +58,7 @@ ROUTE_STATUS = "/v1/status"
 ROUTE_WRITE = "/v1/vgroups/{id}/write"
 ROUTE_ROWS = "/v1/vgroups/{id}/rows"
 ROUTE_TABLES = "/v1/vgroups/{id}/tables"
+ROUTE_INGEST = "/v1/vgroups/{id}/ingest"
 ROUTE_METRICS = "/metrics"
 ROUTE_INFLUX_V1 = influx.ROUTE_V1_WRITE
 ROUTE_INFLUX_V2 = influx.ROUTE_V2_WRITE
@@ -64,7 +67,8 @@ ROUTE_OTHER = "other"    # no such route (404)
 # Content types of the write route's body: JSON rows (also what curl -d and a request with no
 # type send), or an Arrow IPC stream; anything else is 415.
 JSON_CONTENT_TYPES = ("", "application/json", "application/x-www-form-urlencoded", "text/plain")
-VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES}
+VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES,
+                 "ingest": ROUTE_INGEST}
 
 # The cyclic GC's thresholds in a node process (docs/perf.md §gc). With CPython's default
 # (700, 10, 10) a collection runs every 700 container allocations, and the older generations
@@ -239,6 +243,10 @@ class Node:
                 if req.method != "GET":
                     return error(405, "bad_method", f"{req.method} {req.path}: use GET")
                 return vg.tables()
+            if parts[3] == "ingest":
+                if req.method != "POST":
+                    return error(405, "bad_method", f"{req.method} {req.path}: use POST")
+                return vg.ingest_http(req.body)
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
 
     def _influx(self, req: Request):

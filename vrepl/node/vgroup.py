@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import threading
@@ -29,6 +30,7 @@ from typing import Any, Awaitable
 
 from vrepl.node import selfrestore
 from vrepl.node.config import NodeConfig, VgroupSpec
+from vrepl.node.ingest import IngestError, IngestFile, IngestResult, Rounds
 from vrepl.node.http import Response, error
 from vrepl.replica import NO_NODE, AckStatus, ConfirmStatus, invariant
 from vrepl.restore import recover_interrupted_swap
@@ -36,6 +38,7 @@ from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncIns
 from vrepl.vnode import Vnode
 from vrepl.vnode.errors import VnodeClosedError, VnodeError
 from vrepl.vnode.rows import NOOP_PAYLOAD
+from vrepl.vnode.staging import is_ingest_payload
 
 log = logging.getLogger("vrepl.node")
 
@@ -124,6 +127,8 @@ class VgroupHost:
         self._restorer: threading.Thread | None = None
         self._restore_stop = threading.Event()
         self._life_lock = threading.Lock()    # sync/vnode swapped by a self-restore vs stop()
+        # Rounds of ingested files (docs/vnode.md §9, vrepl/node/ingest.py).
+        self.rounds = Rounds(self)
 
     # -- start / stop (main thread) -----------------------------------------------------------
     def open(self) -> int:
@@ -162,7 +167,10 @@ class VgroupHost:
                              # The restore flow's callbacks (docs/vnode.md §7).
                              get_file_info=vnode.get_file_info,
                              get_wal_info=vnode.get_wal_info,
-                             notify_file_synced=vnode.notify_file_synced)
+                             notify_file_synced=vnode.notify_file_synced,
+                             # Rounds of ingested files (docs/vnode.md §9).
+                             serve_fetch=self.rounds.serve_fetch,
+                             get_acked_version=self.rounds.acked_version_at_start)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -173,6 +181,7 @@ class VgroupHost:
         self.sync = SyncInstance(self.node_cfg.sync_config(self.spec), self._callbacks(self.vnode),
                                  restore=self.node_cfg.restore, observers=self.observers)
         self.sync.start()
+        loop.call_soon_threadsafe(self.rounds.resume)    # rounds recovery found unstaged
 
     def stop(self) -> None:
         """Stop replicating (queued forwards fail), then flush the committed rows and close
@@ -187,6 +196,7 @@ class VgroupHost:
             if self.sync is not None:
                 self.sync.stop()
                 limit = self.sync.committed_version
+            self.rounds.stop()
             if self.vnode is not None:
                 self.vnode.close(up_to_version=limit if self.state == SERVING else 0)
 
@@ -255,7 +265,13 @@ class VgroupHost:
                 log.error("vg%d n%d: cannot apply v%d: %s", self.id, self.node_id, version, exc)
                 sync.ack_forward(version, AckStatus.FAILED)
                 return
-        sync.ack_forward(last)
+            if payload[3:4] == b"\x08" and is_ingest_payload(payload):
+                self.rounds.on_record(version)     # stage the round's files if missing here
+        # Acks are cumulative: nothing at or above a round whose files are not staged here
+        # yet (docs/vnode.md §9.3); staging it acks the rest (Rounds._staged).
+        bound = self.rounds.ack_bound(last)
+        if bound >= first:
+            sync.ack_forward(bound)
         self._maybe_flush()
 
     def _confirm(self, first: int, last: int, status: ConfirmStatus) -> None:
@@ -280,10 +296,12 @@ class VgroupHost:
                     vnode.write_to_cache(noop, self.noop_epoch, NOOP_PAYLOAD)
                 except VnodeError as exc:   # closed while stopping
                     log.warning("vg%d: no-op v%d not applied: %s", self.id, noop, exc)
-        pending = self.pending
-        if not pending:
+        pending, rounds = self.pending, self.rounds
+        if not pending and not rounds.forwarded and not rounds.noops:
             return
         for version in range(first, last + 1):
+            if (rounds.forwarded or rounds.noops) and rounds.confirm(version, status, apply):
+                continue
             entry = pending.pop(version, None)
             if entry is None:
                 continue
@@ -318,10 +336,12 @@ class VgroupHost:
             self._enter_needs_restore(f"WAL truncated after v{version}, below the archived"
                                       f" version v{archived}")
             return
+        self.rounds.cut_after(version)
         try:
             n = vnode.rebuild()
             log.warning("vg%d n%d: WAL truncated after v%d: memtable rebuilt (%d records)",
                         self.id, self.node_id, version, n)
+            self.rounds.resume()
         except VnodeError as exc:
             self._enter_needs_restore(f"WAL truncated after v{version}: {exc}")
 
@@ -352,6 +372,8 @@ class VgroupHost:
             log.error("vg%d n%d: flush failed: %s", self.id, self.node_id, exc)
             return
         self.flushes += 1
+        if self.vnode is not None:
+            self.rounds.flushed(self.vnode.archived_version)
         # The WAL below the archived version may go now (docs/vnode.md §5). The sync instance
         # owns the WAL, so it deletes the files, on its WAL thread (sealed files only).
         if not self.stopping and self.state == SERVING and self.sync is not None \
@@ -456,6 +478,56 @@ class VgroupHost:
         if request_id is not None:
             self.pending_rids[request_id] = version
         return answer
+
+    # -- rounds of ingested files (docs/vnode.md §9; vrepl/node/ingest.py) --------------------
+    def staging_dir(self) -> str:
+        """Where a producer on this node writes the files of a round before ingest()."""
+        return self.rounds.staging_dir()
+
+    async def ingest(self, files: "list[IngestFile]", kind: str,
+                     meta: dict[str, Any] | None = None) -> IngestResult:
+        """Forward one record naming `files` (in staging_dir()) and return once committed;
+        IngestError otherwise. On this vgroup's I/O loop (docs/vnode.md §9.1)."""
+        return await self.rounds.ingest(files, kind, meta)
+
+    async def ingest_http(self, body: bytes) -> Response:
+        """POST /v1/vgroups/{id}/ingest (docs/client-api.md §Ingesting files)."""
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return error(400, "bad_ingest", f"body is not UTF-8 JSON ({exc})", outcome="not_written")
+        try:
+            if not isinstance(doc, dict) or set(doc) - {"files", "kind", "meta"}:
+                raise ValueError('the body is {"files": [...], "kind": ..., "meta": {...}}')
+            files = doc.get("files")
+            if not isinstance(files, list):
+                raise ValueError("files is not a list")
+            specs = []
+            for f in files:
+                if not isinstance(f, dict) or set(f) - {"name", "table", "origin", "size",
+                                                        "crc32c"}:
+                    raise ValueError("a file is {name, table[, origin, size, crc32c]}")
+                specs.append(IngestFile(f.get("name"), f.get("table"), f.get("origin", ""),
+                                        f.get("size"), f.get("crc32c")))
+        except ValueError as exc:
+            return error(400, "bad_ingest", str(exc), outcome="not_written")
+        try:
+            res = await self.ingest(specs, doc.get("kind", "api"), doc.get("meta"))
+        except IngestError as exc:
+            return self._ingest_refusal(exc)
+        return Response(200, {"vgroup": self.id, "node": self.node_id, **res._asdict()})
+
+    def _ingest_refusal(self, exc: IngestError) -> Response:
+        if exc.code == "bad_files":
+            return error(400, "bad_ingest", str(exc), outcome="not_written")
+        if exc.code == "not_master":
+            self.counters["writes_not_master"] += 1
+            _, master = self._role_now()
+            return error(409, "not_master", str(exc), master=master,
+                         master_http=self.http_of(master), outcome="not_written")
+        if exc.code == "unknown_outcome":
+            return error(504, "timeout", str(exc), outcome="unknown", version=exc.version)
+        return error(503, exc.code, str(exc), outcome=exc.outcome)
 
     def _write_expired(self, version: int) -> None:
         entry = self.pending.get(version)
@@ -578,6 +650,7 @@ class VgroupHost:
         if self.state == NEEDS_RESTORE:
             return
         self._mark_needs_restore(reason)
+        self.rounds.cut_after(0)            # the data is being replaced: no staging now
         self._start_restorer()
 
     def _start_restorer(self) -> None:
@@ -724,6 +797,8 @@ class VgroupHost:
                 self.state = NEEDS_RESTORE
                 vnode.close(up_to_version=0)
                 raise
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(self.rounds.resume)
         ms = selfrestore.ms_since(t)
         log.info("vg%d n%d: needs_restore: vnode reopened (archived v%d, %d WAL records"
                  " replayed) and replication started in %d ms", self.id, self.node_id,
@@ -747,6 +822,7 @@ class VgroupHost:
             "needs_restore": dict(self.needs_restore) if self.needs_restore else None,
             "last_self_restore": self.last_self_restore,
             "counters": dict(self.counters),
+            "ingest": self.rounds.status(),
         }
         if self.state != SERVING or sync is None:
             # Replication is stopped: this replica takes no part in the group.

@@ -34,6 +34,8 @@ class Config:
     last_version: int = 0
     last_epoch: int = 0
     epoch_history: tuple[tuple[int, int], ...] | None = None
+    # What the app persisted as its acks promise, when less than the WAL (None: all of it).
+    app_acked_version: int | None = None
     promised_epoch: int = 0
     promised_master: int = NO_NODE
     arbitrator: bool = False
@@ -92,6 +94,8 @@ def config_invalid(cfg: Config) -> str | None:
         return f"quorum {cfg.quorum} not in 1..{n} (0 = majority)"
     if cfg.last_version < 0 or cfg.last_epoch < 0:
         return "last_version and last_epoch are >= 0"
+    if cfg.app_acked_version is not None and cfg.app_acked_version < 0:
+        return "app_acked_version is >= 0 (or None: the whole log)"
     if (cfg.last_version == 0) != (cfg.last_epoch == 0):
         return "an empty log has epoch 0 and a non-empty one an epoch >= 1"
     if cfg.epoch_history is None and cfg.last_version > 0:

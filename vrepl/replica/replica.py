@@ -120,7 +120,12 @@ class Replica:
         self.last_version = config.last_version
         self.history = EpochHistory(config.epoch_history or ())  # config_invalid: exact, or an empty log
         self.durable_version = config.last_version  # the WAL we start from is on disk
-        self.app_acked_version = config.last_version
+        # The app may have persisted less than the WAL holds (docs/vnode.md §9.3).
+        self.app_acked_version = (
+            config.last_version
+            if config.app_acked_version is None
+            else min(config.app_acked_version, config.last_version)
+        )
         self.truncating_to: int | None = None  # a TruncateWalAfter not yet done (any role)
         # Commit index (docs/design.md §4.4): every version <= commit_version is in the log of
         # every future master, so it is never truncated and the app may archive it. Never

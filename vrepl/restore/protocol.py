@@ -54,6 +54,7 @@ class SyncMsg(enum.IntEnum):
     FILE_ACK = 72
     WAL_REQUEST = 73
     DONE = 74
+    FETCH_REQUEST = 75  # a FETCH connection (docs/vnode.md §9.6): one file of a round, please
 
 
 FLAG_FILES = 1  # SYNC_BEGIN: a files phase comes first
@@ -161,8 +162,26 @@ class Done:
         return f"done v{self.last_version}"
 
 
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """File `index` of the round `round_id` named by the record at `version` (docs/vnode.md
+    §9.6): the server answers FILE_INFO (magic 0: it has no such file), then FILE_DATA."""
+
+    version: int
+    index: int
+    size: int
+    magic: int
+    bucket: int
+    round_id: str
+    table: str
+
+    def describe(self) -> str:
+        return (f"fetch_request v{self.version} round {printable(self.round_id)} #{self.index}"
+                f" {printable(self.table)} {self.size}B")
+
+
 SyncMessage = (SyncBegin | FileInfo | FileData | FilesEnd | WalBegin | WalData | WalEnd | Error
-               | FileAck | WalRequest | Done)
+               | FileAck | WalRequest | Done | FetchRequest)
 
 _BEGIN = struct.Struct("<BIQQ")  # flags, files, file_bytes, wal_bytes
 _FILE_INFO = struct.Struct("<QIH")  # size, magic, name length
@@ -170,6 +189,7 @@ _U64 = struct.Struct("<Q")
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _PAIR = struct.Struct("<QQ")
+_FETCH = struct.Struct("<IQIqBB")  # index, size, magic, bucket, round length, table length
 
 
 def _frame(t: int, version: int = 0, epoch: int = 0, payload: bytes = b"") -> bytes:
@@ -207,6 +227,13 @@ def encode(msg: SyncMessage) -> bytes:
         return _frame(SyncMsg.WAL_REQUEST, msg.from_version)
     if t is Done:
         return _frame(SyncMsg.DONE, msg.last_version)
+    if t is FetchRequest:
+        rid, table = msg.round_id.encode(), msg.table.encode()
+        if len(rid) > 255 or len(table) > 255:
+            raise ValueError("round id or table name above 255 bytes")
+        return _frame(SyncMsg.FETCH_REQUEST, msg.version, 0,
+                      _FETCH.pack(msg.index, msg.size, msg.magic, msg.bucket, len(rid), len(table))
+                      + rid + table)
     raise TypeError(f"no sync encoding for {t.__name__}")
 
 
@@ -266,4 +293,15 @@ def decode(rec: _rec.Record) -> SyncMessage:
     if t == SyncMsg.DONE:
         _expect(p, 0, "DONE")
         return Done(v)
+    if t == SyncMsg.FETCH_REQUEST:
+        if len(p) < _FETCH.size:
+            raise FrameError(f"malformed FETCH_REQUEST: payload is {len(p)} bytes")
+        index, size, magic, bucket, nr, nt = _FETCH.unpack_from(p)
+        _expect(p, _FETCH.size + nr + nt, "FETCH_REQUEST")
+        try:
+            rid = p[_FETCH.size:_FETCH.size + nr].decode()
+            table = p[_FETCH.size + nr:].decode()
+        except UnicodeDecodeError:
+            raise FrameError("malformed FETCH_REQUEST: a name is not UTF-8") from None
+        return FetchRequest(v, index, size, magic, bucket, rid, table)
     raise FrameError(f"unknown sync message type {t}")

@@ -2,12 +2,14 @@
 
 Owns: `validate()` (validate.py) and its parts: driver-side reading and checks of replica
 directories (inputs.py, checks.py), the Spark comparison of rows and epochs (job.py), the
-quiet session (session.py), the report (report.py) and `vrepl validate` (cli.py).
+quiet session (session.py), the report (report.py) and `vrepl validate` (cli.py); and
+`read_vgroup()` (read.py), a vgroup's archived rows as a DataFrame.
 docs/validation.md. Must not: import pyspark at import time (vrepl works without the
 `spark` extra until a validation runs), or write into a replica directory.
 """
 from vrepl.errors import InputError, SparkJobError
 from vrepl.spark.model import Finding, ReplicaSpec
+from vrepl.spark.read import read_vgroup
 from vrepl.spark.report import CheckResult, Report
 # Bound after the submodule is imported, so `vrepl.spark.validate` is this function (the
 # module stays reachable as sys.modules["vrepl.spark.validate"]; spark-submit uses the
@@ -15,4 +17,4 @@ from vrepl.spark.report import CheckResult, Report
 from vrepl.spark.validate import validate
 
 __all__ = ["CheckResult", "Finding", "InputError", "ReplicaSpec", "Report", "SparkJobError",
-           "validate"]
+           "read_vgroup", "validate"]

@@ -17,6 +17,9 @@ Definitions (docs/validation.md):
   replaced by later writes to the same ts are legitimately absent from the archived rows,
   so the archive is not required to show every version 1..A.
 * Across the replicas of a vgroup: the last versions (max(A, WAL last)) are equal.
+* Ingested files (docs/vnode.md §9.4) carry their origin's versions: they are outside the
+  coverage rule (and their rows outside the epochs check); their `ingest_version` lies in
+  1..A instead.
 """
 from __future__ import annotations
 
@@ -95,6 +98,16 @@ def coverage_findings(r: ReplicaData) -> list[Finding]:
     out = []
     for df in r.files:
         f = df.entry
+        if f.ingest_version:
+            # An ingested file's rows carry their origin's versions (docs/vnode.md §9.4): the
+            # record that added it is what must lie in 1..A.
+            if not 1 <= f.ingest_version <= a:
+                out.append(Finding("versions", "ingest_version_out_of_range",
+                                   f"{f.name}: ingested by version {f.ingest_version}, outside"
+                                   f" 1..{a} (the archived version)", spec.vgroup,
+                                   spec.replica, f.name,
+                                   {"ingest_version": f.ingest_version, "archived_version": a}))
+            continue
         if f.max_version > a or f.min_version < 1:
             out.append(Finding("versions", "file_version_out_of_range",
                                f"{f.name}: the manifest gives it versions {f.min_version}.."

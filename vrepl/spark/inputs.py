@@ -34,9 +34,12 @@ from vrepl.errors import InputError
 from vrepl.spark.model import Finding, ReplicaSpec
 from vrepl.vnode.errors import ArchiveError, PayloadError
 from vrepl.vnode.files import ARROW_TYPES, MANIFEST_NAME, ArchivedFile, Manifest, file_magic
+from vrepl.vnode import staging as S
 from vrepl.vnode.ingest import decode_checked, staged_rows
+from vrepl.vnode.rows import type_accepts
 
 WAL_DIR = "wal"
+FILE_TYPES = {v: k for k, v in ARROW_TYPES.items()}   # Arrow type -> table type name
 MSG_TYPE_DATA = 1
 FILE_CHECK_THREADS = 4          # archived files read and checksummed at once on the driver
 WAL_NAME = re.compile(r"^(\d{12})\.wal$")
@@ -72,6 +75,18 @@ class WalScan:
 
 
 @dataclass
+class PendingRound:
+    """A round of ingested files whose format-8 record lies above the archived version
+    (docs/vnode.md §9.3): its staged files are part of the replica's state, ranked by the
+    record's version. `files`: (table, path, value columns) of each staged file."""
+
+    version: int
+    epoch: int
+    round: str
+    files: list[tuple[str, str, dict[str, str]]]
+
+
+@dataclass
 class ReplicaData:
     spec: ReplicaSpec
     manifest: Manifest
@@ -82,6 +97,13 @@ class ReplicaData:
     # (table, ts) -> (version, epoch, values): WAL rows above the archived version
     wal_rows: dict[tuple[str, int], tuple[int, int, dict[str, Any]]]
     findings: list[Finding]
+    pending: list[PendingRound] = field(default_factory=list)   # rounds above the archive
+
+    @property
+    def ranked(self) -> bool:
+        """Whether rows of this replica compete by rank (ingested files or pending rounds,
+        docs/vnode.md §9.4) rather than by version alone."""
+        return bool(self.pending) or any(df.entry.ingest_version for df in self.files)
 
     @property
     def archived_version(self) -> int:
@@ -197,10 +219,14 @@ def check_file(spec: ReplicaSpec, manifest: Manifest, f: ArchivedFile
         if want is None:
             problems.append(f"column {fld.name!r} is not in the manifest schema of"
                             f" table {f.table!r}")
-        elif ARROW_TYPES[want] != fld.type:
-            problems.append(f"column {fld.name!r} is {fld.type}, the manifest says {want}")
-        else:
+        elif ARROW_TYPES[want] == fld.type:
             df.columns[fld.name] = want
+        elif f.ingest_version and fld.type in FILE_TYPES and type_accepts(want, FILE_TYPES[fld.type]):
+            # An ingested file may hold an int64 column of a float table column (docs/vnode.md
+            # §9.1): the vnode reads it as float, and so does the job.
+            df.columns[fld.name] = FILE_TYPES[fld.type]
+        else:
+            problems.append(f"column {fld.name!r} is {fld.type}, the manifest says {want}")
     if problems:
         finding("schemas", "file_schema", "; ".join(problems), problems=problems)
         return df, out
@@ -322,12 +348,15 @@ def scan_wal(spec: ReplicaSpec, max_record_bytes: int, from_version: int
 
 
 def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict[str, str]],
-               records: list[tuple[int, int, int, bytes]], findings: list[Finding]
+               records: list[tuple[int, int, int, bytes]], findings: list[Finding],
+               pending: list[PendingRound] | None = None
                ) -> dict[tuple[str, int], tuple[int, int, dict[str, Any]]]:
     """The rows a vnode would replay from the WAL on recovery (docs/vnode.md §6): records
     above the archived version in log order, each applied only if its version is above the
     last applied one (a duplicate is ignored), later version wins per (table, ts).
-    Adds the columns the WAL introduces to `schemas` (first non-null value's type)."""
+    Adds the columns the WAL introduces to `schemas` (first non-null value's type). A
+    format-8 record (a round of ingested files, docs/vnode.md §9) goes to `pending` with its
+    staged files; a round whose files are not staged is a finding (`round_not_staged`)."""
     rows: dict[tuple[str, int], tuple[int, int, dict[str, Any]]] = {}
     applied = archived_version
     for version, epoch, msg_type, payload in records:
@@ -335,6 +364,9 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
             continue
         applied = version
         if msg_type != MSG_TYPE_DATA:
+            continue
+        if S.is_ingest_payload(payload):
+            _pending_round(spec, version, epoch, payload, schemas, findings, pending)
             continue
         try:
             batch, added, conflict = decode_checked(payload, version, None, schemas)
@@ -353,6 +385,44 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
         for table, ts, values in (batch if isinstance(batch, list) else staged_rows(batch)):
             rows[(table, ts)] = (version, epoch, values)
     return rows
+
+
+def _pending_round(spec: ReplicaSpec, version: int, epoch: int, payload: bytes,
+                   schemas: dict[str, dict[str, str]], findings: list[Finding],
+                   pending: list[PendingRound] | None) -> None:
+    try:
+        rec = S.decode_ingest_payload(payload, version)
+    except PayloadError as exc:
+        findings.append(Finding("versions", "wal_bad_payload", str(exc), spec.vgroup,
+                                spec.replica, None, {"version": version}))
+        return
+    added: dict[str, dict[str, str]] = {}
+    for table, cols in rec.columns().items():
+        for col, typ in cols.items():
+            have = schemas.get(table, {}).get(col) or added.get(table, {}).get(col)
+            if have is None:
+                added.setdefault(table, {})[col] = typ
+            elif not type_accepts(have, typ):
+                findings.append(Finding("schemas", "wal_type_conflict",
+                                        f"version {version}: column {col!r} of table {table!r}"
+                                        f" is {have}, the round's file has {typ} (the record is"
+                                        f" not applied)", spec.vgroup, spec.replica, None,
+                                        {"version": version}))
+                return
+    for table, cols in added.items():
+        schemas.setdefault(table, {}).update(cols)
+    missing = S.missing_staged(spec.path, rec)
+    if missing:
+        findings.append(Finding("files", "round_not_staged",
+                                f"version {version}: files {missing} of the round {rec.round}"
+                                f" are not in {S.STAGED_DIR}/{rec.round}/ (its rows are not"
+                                f" compared on this replica)", spec.vgroup, spec.replica, None,
+                                {"version": version, "round": rec.round, "missing": missing}))
+        return
+    if pending is not None:
+        pending.append(PendingRound(version, epoch, rec.round, [
+            (f.table, S.abspath(spec.path, rec.staged_name(k)), dict(f.columns))
+            for k, f in enumerate(rec.files)]))
 
 
 # -- a whole replica -----------------------------------------------------------------------
@@ -388,8 +458,10 @@ def load_replica(spec: ReplicaSpec, max_record_bytes: int = _wal.DEFAULT_MAX_REC
                                            manifest.archived_version + 1)
     findings.extend(wal_findings)
     schemas = {t: dict(c) for t, c in manifest.schemas.items()}
-    wal_rows = replay_wal(spec, manifest.archived_version, schemas, records, findings)
-    return ReplicaData(spec, manifest, has_manifest, files, scan, schemas, wal_rows, findings)
+    pending: list[PendingRound] = []
+    wal_rows = replay_wal(spec, manifest.archived_version, schemas, records, findings, pending)
+    return ReplicaData(spec, manifest, has_manifest, files, scan, schemas, wal_rows, findings,
+                       pending)
 
 
 def load_replicas(specs: list[ReplicaSpec],

@@ -115,10 +115,22 @@ class Plan:
         files: dict[str, list[str]] = defaultdict(list)
         for df in r.files:
             f = df.entry
-            if df.readable and (f.table, f.bucket) not in self.excluded[vg]:
+            if df.readable and not f.ingest_version and (f.table, f.bucket) not in self.excluded[vg]:
                 files[f.table].append(df.path)
         return [(cols, [p for t in members for p in files[t]])
                 for cols, members in self.compatible_groups(r.schemas, list(files))]
+
+    def ingested_groups(self, r: ReplicaData) -> list[tuple[dict[str, str], list[str]]]:
+        """[(the files' own columns, file paths)] of one replica's ingested files (docs/vnode.md
+        §9.4): grouped by their columns as written (an int column of a float table column is
+        read as int, then cast like the vnode does)."""
+        vg = r.spec.vgroup
+        groups: dict[tuple, list[str]] = defaultdict(list)
+        for df in r.files:
+            f = df.entry
+            if df.readable and f.ingest_version and (f.table, f.bucket) not in self.excluded[vg]:
+                groups[tuple(sorted(df.columns.items()))].append(df.path)
+        return [(dict(cols), paths) for cols, paths in groups.items()]
 
     def wal_groups(self, r: ReplicaData) -> list[tuple[dict[str, str], list[tuple]]]:
         """[(columns, [(table, ts_us, version, epoch, values)])]: replayed WAL rows."""
@@ -145,12 +157,16 @@ class Frames:
 
     # -- building ------------------------------------------------------------------------
     def _project(self, df: Any, canon: dict[str, str], vgroup: Any, replica: Any,
-                 table: Any) -> Any:
+                 table: Any, rank: Any = None) -> Any:
+        """The comparable row (module doc); with `rank`, a last column "rank" (docs/vnode.md
+        §9.4) for a replica whose rows compete by rank."""
         F = self.F
         vals = []
         for c, t in canon.items():
             if c in df.columns:
-                e = F.col(c).cast("string") if t == "str*" else F.col(c)
+                # The cast is a no-op but for an ingested file's int column of a float
+                # table column, which the vnode reads as float.
+                e = F.col(c).cast("string") if t == "str*" else F.col(c).cast(_spark_type(self.T, t))
             else:
                 e = F.lit(None).cast(_spark_type(self.T, t))
             vals.append(e.alias(c))
@@ -169,7 +185,8 @@ class Frames:
             F.col("_version").alias("version"), F.col("_epoch").alias("epoch"),
             F.expr(f"(ts_us - pmod(ts_us, {b}L)) div {b}L").alias("bucket"),
             F.xxhash64(ts, F.col("_version"), F.col("_epoch"), *vals, *masks).alias("h"),
-            (F.to_json(F.struct(*vals)) if vals else F.lit("{}")).alias("vals"))
+            (F.to_json(F.struct(*vals)) if vals else F.lit("{}")).alias("vals"),
+            *([rank.cast("long").alias("rank")] if rank is not None else []))
 
     def _read_schema(self, own: dict[str, str]) -> Any:
         T = self.T
@@ -179,10 +196,11 @@ class Frames:
         fields += [T.StructField(c, _spark_type(T, t)) for c, t in own.items()]
         return T.StructType(fields)
 
-    def _archived_frames(self, r: ReplicaData) -> list[Any]:
-        """One Parquet scan per group of compatible tables of one replica; vgroup and
-        replica are literals, the table is the file's directory name (a cheap substring of
-        `_metadata.file_path`, evaluated per row, so no regular expression)."""
+    def _archived_frames(self, r: ReplicaData, ranked: bool = False) -> list[Any]:
+        """One Parquet scan per group of compatible tables of one replica (flushed files);
+        vgroup and replica are literals, the table is the file's directory name (a cheap
+        substring of `_metadata.file_path`, evaluated per row, so no regular expression).
+        `ranked`: with a rank column (a flushed row's rank is its version)."""
         F = self.F
         out = []
         path = F.col("_metadata.file_path")
@@ -193,10 +211,34 @@ class Frames:
             df = self.spark.read.schema(self._read_schema(cols)).parquet(*paths)
             df = df.withColumn("ts_us", F.unix_micros(F.col("ts")))
             out.append(self._project(df, self.plan.canon[r.spec.vgroup],
-                                     F.lit(r.spec.vgroup), F.lit(r.spec.replica), table))
+                                     F.lit(r.spec.vgroup), F.lit(r.spec.replica), table,
+                                     F.col("_version") if ranked else None))
         return out
 
-    def _wal_frames(self, r: ReplicaData) -> list[Any]:
+    def _ingested_frames(self, r: ReplicaData) -> list[Any]:
+        """Ranked rows of a replica's ingested files and pending rounds (docs/vnode.md §9.4):
+        an archived ingested file ranks by the version in its name (`b<bucket>-i<version>-
+        <k>.parquet`, the manifest's ingest_version), a staged file of a round above the
+        archive by its record's version."""
+        F = self.F
+        out = []
+        vg, rep, canon = r.spec.vgroup, r.spec.replica, self.plan.canon[r.spec.vgroup]
+        path = F.col("_metadata.file_path")
+        table = F.substring_index(F.substring_index(path, "/", -2), "/", 1)
+        rank = F.regexp_extract(path, r"-i([0-9]+)-[0-9]+\.parquet$", 1)
+        for cols, paths in self.plan.ingested_groups(r):
+            df = self.spark.read.schema(self._read_schema(cols)).parquet(*paths)
+            df = df.withColumn("ts_us", F.unix_micros(F.col("ts")))
+            out.append(self._project(df, canon, F.lit(vg), F.lit(rep), table, rank))
+        for p in r.pending:
+            for tbl, fpath, cols in p.files:
+                df = self.spark.read.schema(self._read_schema(cols)).parquet(fpath)
+                df = df.withColumn("ts_us", F.unix_micros(F.col("ts")))
+                out.append(self._project(df, canon, F.lit(vg), F.lit(rep), F.lit(tbl),
+                                         F.lit(p.version)))
+        return out
+
+    def _wal_frames(self, r: ReplicaData, ranked: bool = False) -> list[Any]:
         F = self.F
         out = []
         for cols, rows in self.plan.wal_groups(r):
@@ -215,7 +257,7 @@ class Frames:
             df = self.spark.createDataFrame(pa.table(arrays))
             out.append(self._project(df, self.plan.canon[r.spec.vgroup],
                                      F.lit(r.spec.vgroup), F.lit(r.spec.replica),
-                                     F.col("table")))
+                                     F.col("table"), F.col("_version") if ranked else None))
         return out
 
     def _build(self) -> None:
@@ -223,8 +265,13 @@ class Frames:
         archived_all, rows_all = [], []
         for r in self.plan.replicas:
             arch = self._archived_frames(r)
+            archived_all += arch          # flushed rows only: versions and epochs checks
+            if r.ranked:
+                ranked = self._by_rank(r)
+                if ranked is not None:
+                    rows_all.append(ranked)
+                continue
             wal = self._wal_frames(r)
-            archived_all += arch
             if wal and arch and self._wal_overlaps_files(r):
                 # docs/vnode.md §3: a WAL row replaces the archived row of the same (table,
                 # ts). Broadcast anti-join with this replica's (few) replayed keys; skipped
@@ -238,6 +285,21 @@ class Frames:
                 rows_all += arch + wal
         self.archived = _union(archived_all) if archived_all else None
         self.rows = _union(rows_all) if rows_all else None
+
+    def _by_rank(self, r: ReplicaData) -> Any:
+        """The state of a replica with ingested files or pending rounds (docs/vnode.md §9.4):
+        per (table, ts) the rows of the highest rank (flushed and WAL rows rank by their
+        version, ingested rows by their record's). Rows tied at the top all stay, so a key
+        held twice in one file is still a duplicate. One shuffle of this replica's rows."""
+        from pyspark.sql import Window
+        F = self.F
+        frames = (self._archived_frames(r, ranked=True) + self._ingested_frames(r)
+                  + self._wal_frames(r, ranked=True))
+        if not frames:
+            return None
+        w = Window.partitionBy("table", "ts_us")
+        return (_union(frames).withColumn("top", F.max("rank").over(w))
+                .filter(F.col("rank") == F.col("top")).select(*ROW_COLUMNS))
 
     def _wal_overlaps_files(self, r: ReplicaData) -> bool:
         """Whether some replayed WAL row's (table, ts) lies within the manifest's ts range of

@@ -232,7 +232,7 @@ class Connection(asyncio.BufferedProtocol):
                 raise HandshakeError(f"{self.frames.buffered} bytes sent before the handshake finished")
             self.instance = inst
             self.peer_node = hello.node
-            if hello.kind in (ConnKind.SYNC, ConnKind.BACKUP):
+            if hello.kind in (ConnKind.SYNC, ConnKind.BACKUP, ConnKind.FETCH):
                 # A restore session: bulk, blocking, on its own thread (docs/restore.md).
                 self._detach_when_flushed(inst, hello, 0)
                 return
@@ -402,8 +402,8 @@ class NodeTransport:
 
     def check_hello(self, hello: codec.Hello) -> str | None:
         """Why this node refuses a hello, or None (docs/embedding.md §Connections)."""
-        if hello.kind not in (ConnKind.PEER, ConnKind.SYNC, ConnKind.BACKUP):
-            return f"hello of kind {hello.kind} from n{hello.node}: this node takes peer, sync and backup connections"
+        if hello.kind not in (ConnKind.PEER, ConnKind.SYNC, ConnKind.BACKUP, ConnKind.FETCH):
+            return f"hello of kind {hello.kind} from n{hello.node}: this node takes peer, sync, backup and fetch connections"
         inst = self.instances.get(hello.vgroup_id)
         if inst is None:
             return f"unknown vgroup {hello.vgroup_id} (hello from n{hello.node})"
@@ -416,6 +416,8 @@ class NodeTransport:
             return f"hello from n{hello.node} for n{hello.target_node}, this is n{self.node}"
         if hello.kind == ConnKind.SYNC:
             return inst.sync_hello_refusal(hello.node)
+        if hello.kind == ConnKind.FETCH:
+            return inst.fetch_hello_refusal(hello.node)
         return inst.peer_hello_refusal(hello.node)
 
     def mark_dirty(self, conn: Connection) -> None:

@@ -106,6 +106,26 @@ class ArchivedFile:
     min_version: int
     max_version: int
     rows: int
+    # An ingested file (docs/vnode.md §9): the version and epoch of the record that added it
+    # (0 for a file a flush wrote) and who wrote its rows. Its rows keep their origin's
+    # _version/_epoch (min/max_version above are the origin's); merges rank them by
+    # ingest_version (rank()).
+    ingest_version: int = 0
+    ingest_epoch: int = 0
+    origin: str = ""
+
+    def to_json(self, index: int) -> dict[str, Any]:
+        doc = dict(index=index, **asdict(self))
+        if not self.ingest_version:        # a flushed file: the entry of manifest format 1
+            for k in ("ingest_version", "ingest_epoch", "origin"):
+                del doc[k]
+        return doc
+
+
+def rank(f: ArchivedFile, row_version: int) -> int:
+    """What "later version wins" compares for a row of file `f` (docs/vnode.md §9.4): the
+    ingest record's version for an ingested file, the row's own _version otherwise."""
+    return f.ingest_version or row_version
 
 
 @dataclass
@@ -118,13 +138,13 @@ class Manifest:
     files: list[ArchivedFile] = field(default_factory=list)   # index = position
 
     def sort(self) -> None:
-        self.files.sort(key=lambda f: (f.bucket, f.table))
+        self.files.sort(key=lambda f: (f.bucket, f.table, f.ingest_version, f.name))
 
     def to_bytes(self) -> bytes:
         doc = {"format": MANIFEST_FORMAT, "precision": self.precision,
                "file_span_ms": self.file_span_ms, "archived_version": self.archived_version,
                "archived_epoch": self.archived_epoch, "schemas": self.schemas,
-               "files": [dict(index=i, **asdict(f)) for i, f in enumerate(self.files)]}
+               "files": [f.to_json(i) for i, f in enumerate(self.files)]}
         return json.dumps(doc, indent=1).encode("utf-8")
 
     @classmethod
@@ -156,7 +176,9 @@ class Manifest:
                 af = ArchivedFile(str(f["name"]), int(f["size"]), int(f["magic"]),
                                   str(f["table"]), int(f["bucket"]), int(f["ts_min"]),
                                   int(f["ts_max"]), int(f["min_version"]),
-                                  int(f["max_version"]), int(f["rows"]))
+                                  int(f["max_version"]), int(f["rows"]),
+                                  int(f.get("ingest_version", 0)), int(f.get("ingest_epoch", 0)),
+                                  str(f.get("origin", "")))
                 reason = name_invalid(af.name)
                 if reason is not None or af.name == MANIFEST_NAME:
                     raise bad(reason or "a file entry names the manifest")
@@ -272,6 +294,24 @@ class ArchiveStore:
         return removed
 
     # -- files ----------------------------------------------------------------------------
+    def link_in(self, src: str, name: str) -> None:
+        """Put a staged file into the archive under `name` as a second link: the staged
+        copy stays until the manifest naming `name` is durable (a crash before that leaves
+        `name` an orphan, removed at open, and the round still staged)."""
+        dst = self.abspath(name)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.unlink(dst)          # left by an apply that failed before its commit
+        except FileNotFoundError:
+            pass
+        os.link(src, dst)
+        if self.cfg.fsync:
+            fsync_dir(os.path.dirname(dst))
+
+    def entry(self, name: str) -> ArchivedFile | None:
+        """The manifest's entry of the file called `name`, if it names one."""
+        return next((f for f in self.manifest.files if f.name == name), None)
+
     def abspath(self, name: str) -> str:
         return os.path.join(self.path, *name.split("/"))
 

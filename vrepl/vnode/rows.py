@@ -53,6 +53,9 @@ PAYLOAD_HEADER_RID = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_RID])
 # they would stay uncommitted, and unarchivable, until the next client write.
 PAYLOAD_FORMAT_NOOP = 3
 NOOP_PAYLOAD = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_NOOP])
+# Format 8 names a round of ingested files, not rows (docs/vnode.md §9.2): "VRB" 0x08 + a
+# JSON object; vrepl/vnode/staging.py owns its layout and decoding.
+PAYLOAD_FORMAT_FILES = 8
 # Formats 4 (an Arrow IPC stream) and 5 (InfluxDB line protocol) carry the client's bytes
 # too, after "VRB", the format, u8 n and n bytes of request id (n may be 0) and their own
 # header fields; vrepl/vnode/ingest.py owns their layout and decoding (docs/vnode.md §2).
@@ -321,6 +324,9 @@ def payload_invalid_header(payload: bytes | memoryview) -> str | None:
             return (f"a no-op payload (format {PAYLOAD_FORMAT_NOOP}) with"
                     f" {len(payload) - len(NOOP_PAYLOAD)} bytes after its header (it has none)")
         return None
+    if payload[3] == PAYLOAD_FORMAT_FILES:
+        return (f"format {PAYLOAD_FORMAT_FILES} names a round of ingested files, not rows"
+                " (vrepl.vnode.staging decodes it)")
     if payload[3] in (PAYLOAD_FORMAT_ARROW, PAYLOAD_FORMAT_LINES):
         return None             # vrepl/vnode/ingest.py checks the rest of its header
     if payload[3] != PAYLOAD_FORMAT:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -33,18 +34,47 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vrepl.errors import ConfigError
+from vrepl.killpoints import killpoint, register
 from vrepl.vnode import ingest as I
 from vrepl.vnode import rows as R
+from vrepl.vnode import staging as S
 from vrepl.vnode.config import VnodeConfig, config_invalid
 from vrepl.vnode.errors import ApplyError, ArchiveError, VnodeClosedError, VnodeError
 from vrepl.vnode.files import (MANIFEST_NAME, ArchivedFile, ArchiveStore, Manifest,
-                               arrow_schema, conform, file_magic, name_invalid, newest_per_ts)
+                               arrow_schema, conform, file_magic, name_invalid, newest_per_ts,
+                               rank)
 from vrepl.vnode.memtable import Memtable, TableLog
 from vrepl.wal import WalReader, inspect, list_wal_files  # read only: the WAL is the sync's
 
 WAL_DIR = "wal"
 MSG_TYPE_DATA = 1            # vrepl.wal.MSG_TYPE_DATA: records the vnode decodes
 QUERY_RETRIES = 3            # a query that lost a race with a flush's file swap tries again
+
+# Kill points of applying a round (docs/vnode.md §9.5; vrepl/killpoints.py).
+KP_APPLY_FILES = register("ingest.apply.after_flush_files",
+                          "applying a round: the memtable rows below it are written to new"
+                          " files; the round's files are still only staged, the manifest is"
+                          " the old one")
+KP_APPLY_LINK = register("ingest.apply.after_link",
+                         "applying a round: its files are linked into data/ too; the manifest"
+                         " is still the old one (they are orphans until it changes)")
+KP_APPLY_MANIFEST = register("ingest.apply.after_manifest",
+                             "applying a round: the manifest naming its files is durable; the"
+                             " staged copies are not removed yet")
+KP_APPLY_CLEANUP = register("ingest.apply.after_cleanup",
+                            "applying a round: done, the staged copies are removed")
+
+
+@dataclass
+class PendingIngest:
+    """A format-8 record applied to the vnode (its version taken) whose round is not yet in
+    the archive: it goes in at the first flush whose limit reaches its version, once every
+    file it names is staged (docs/vnode.md §9.3)."""
+
+    version: int
+    epoch: int
+    record: S.IngestRecord
+    staged: bool
 
 
 @dataclass(frozen=True)
@@ -104,6 +134,8 @@ class Vnode:
         self._schemas: dict[str, dict[str, str]] = copy.deepcopy(m.schemas)
         self.applied_version = m.archived_version
         self.applied_epoch = m.archived_epoch
+        # Rounds of files applied above the archive, in version order (docs/vnode.md §9.3).
+        self._ingests: OrderedDict[int, PendingIngest] = OrderedDict()
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -308,6 +340,9 @@ class Vnode:
             self._check_open()
             if version <= self.applied_version:
                 return False
+            if msg_type == MSG_TYPE_DATA and S.is_ingest_payload(payload):
+                self._note_ingest(version, epoch, payload)
+                return True
             if msg_type != MSG_TYPE_DATA or R.is_noop(payload):
                 # No rows: only the version advances (a no-op, docs/vnode.md §2).
                 self.applied_version = version
@@ -328,6 +363,81 @@ class Vnode:
                 if rid is not None:
                     self._note_rid(rid, version)
             return True
+
+    def _note_ingest(self, version: int, epoch: int, payload: bytes) -> None:
+        """(lock held) A round's record: check its columns against the schemas, take its
+        version, and remember it until a flush archives it (docs/vnode.md §9.3)."""
+        rec = S.decode_ingest_payload(payload, version)
+        added: dict[str, dict[str, str]] = {}
+        for table, cols in rec.columns().items():
+            known = self._schemas.get(table, {})
+            for col, typ in cols.items():
+                have = known.get(col) or added.get(table, {}).get(col)
+                if have is None:
+                    added.setdefault(table, {})[col] = typ
+                elif not R.type_accepts(have, typ):
+                    raise ApplyError(f"version {version}: cannot apply: column {col!r} of"
+                                     f" table {table!r} is {have}, the round's file has {typ}"
+                                     f" (a column's type cannot change)")
+        self._add_columns(added)
+        staged = not S.missing_staged(self.path, rec)
+        self._ingests[version] = PendingIngest(version, epoch, rec, staged)
+        self.applied_version = version
+        self.applied_epoch = max(self.applied_epoch, epoch)
+
+    # -- rounds of ingested files (docs/vnode.md §9) ----------------------------------------
+    def pending_ingests(self) -> list[PendingIngest]:
+        """Rounds whose record is applied but not yet archived, in version order."""
+        with self._lock:
+            return list(self._ingests.values())
+
+    def pending_ingest(self, version: int) -> PendingIngest | None:
+        with self._lock:
+            return self._ingests.get(version)
+
+    def first_unstaged_ingest(self) -> int | None:
+        """The version of the first pending round whose files are not all staged, or None."""
+        with self._lock:
+            return next((v for v, p in self._ingests.items() if not p.staged), None)
+
+    def ingest_staged(self, version: int) -> bool:
+        """Check again whether every file of the round at `version` is staged (the node
+        staged the missing ones); True if so (or if it is no longer pending)."""
+        with self._lock:
+            p = self._ingests.get(version)
+            if p is None:
+                return True
+            p.staged = not S.missing_staged(self.path, p.record)
+            return p.staged
+
+    def reserve_columns(self, record: S.IngestRecord) -> str | None:
+        """(master, before forwarding a round) Why the round's columns conflict with the
+        schemas now, or None: then they are reserved, as prepare_write does for rows."""
+        with self._lock:
+            self._check_open()
+            added: dict[str, dict[str, str]] = {}
+            for table, cols in record.columns().items():
+                known = self._schemas.get(table, {})
+                if table not in self._schemas and len(self._schemas) + len(added) \
+                        >= self.config.max_tables:
+                    return f"table {table!r} would exceed max_tables {self.config.max_tables}"
+                for col, typ in cols.items():
+                    have = known.get(col)
+                    if have is not None and not R.type_accepts(have, typ):
+                        return (f"column {col!r} of table {table!r} is {have}, the round's"
+                                f" file has {typ} (a column's type cannot change)")
+                    if have is None:
+                        added.setdefault(table, {})[col] = typ
+                if len(known) + len(added.get(table, {})) > self.config.max_columns_per_table:
+                    return (f"table {table!r} would have more than max_columns_per_table"
+                            f" {self.config.max_columns_per_table} columns")
+            self._add_columns(added)
+            return None
+
+    def archived_entry(self, name: str) -> ArchivedFile | None:
+        """The manifest's entry of the archived file `name`, if it names one."""
+        with self._lock:
+            return self._store.entry(name)
 
     def apply_record(self, record: Any) -> bool:
         """write_to_cache for a vrepl._core.record.Record (or anything with its fields)."""
@@ -432,13 +542,17 @@ class Vnode:
         `up_to_version` is the limit a flush would archive up to (docs/vnode.md §5: the
         group's commit index; None = everything applied): a memtable with no row at or
         below it has nothing to archive, so no flush is due, whatever its size or age.
+        A round of ingested files (§9) at or below the limit whose files are all staged is
+        due at once; one whose files are not all staged yet stops the limit below it.
         """
         cfg = self.config
         with self._lock:
+            limit = self._next_cut(self._limit(up_to_version), up_to_version is None)[0]
+            p = next(iter(self._ingests.values()), None)
+            if p is not None and p.staged and p.version <= limit:
+                return f"round {p.record.round} of ingested files at v{p.version} is committed"
             mem = self._mem
-            if not mem.rows:
-                return None
-            if up_to_version is not None and mem.min_version > up_to_version:
+            if not mem.rows or mem.min_version > limit:
                 return None
             if mem.bytes >= cfg.max_memtable_bytes:
                 return f"memtable holds {mem.bytes} bytes >= max_memtable_bytes"
@@ -457,9 +571,31 @@ class Vnode:
                 return []
             return self.flush(wal, up_to_version)
 
+    def _limit(self, up_to_version: int | None) -> int:
+        return self.applied_version if up_to_version is None \
+            else min(up_to_version, self.applied_version)
+
+    def _next_cut(self, limit: int, strict: bool) -> tuple[int, PendingIngest | None]:
+        """(lock held) Where the next flush step cuts, and the round it applies if any: the
+        limit, or the version of the first pending round at or below it (applied with the
+        rows below it when its files are staged; otherwise the cut stops just below it:
+        nothing above an unapplied round is archived; `strict` refuses that instead)."""
+        p = next(iter(self._ingests.values()), None)
+        if p is None or p.version > limit:
+            return limit, None
+        if p.staged:
+            return p.version, p
+        if strict:
+            # A tool that owns the whole log (vrepl replay) must archive everything applied.
+            raise VnodeError(f"v{p.version}: the round {p.record.round} of ingested files is"
+                             f" not staged in {S.staged_round_path(self.path, p.record.round)}"
+                             f" (missing files {S.missing_staged(self.path, p.record)}): copy"
+                             f" the vgroup's ingest/ directory along with its WAL")
+        return p.version - 1, None
+
     def flush(self, wal: Any = None, up_to_version: int | None = None) -> list[ArchivedFile]:
-        """Archive the memtable's rows written by versions <= up_to_version; returns the
-        files written.
+        """Archive the memtable's rows written by versions <= up_to_version, and every
+        round of ingested files up to it; returns the files written by flushing rows.
 
         `up_to_version` is the highest version the group has committed (docs/vnode.md §5):
         a version above it may still be cut from the log (a deposed master's suffix), and
@@ -467,52 +603,100 @@ class Vnode:
         owns the whole log (`vrepl replay`). Rows above the limit stay in the memtable (and
         the WAL); the manifest's archived_version is the limit actually archived.
 
-        Under the lock, the memtable's rows up to the limit become the immutable `imem`
+        Under the lock, the memtable's rows up to the cut become the immutable `imem`
         (still queried) and a new memtable takes the rest and the writes; the files are
         written outside the lock, so writes and queries go on meanwhile. For every (table,
-        bucket) imem touches: merge the current file (if any) with imem's rows, newest
-        version per ts winning, and write a new file; then, under the lock again, commit a
-        manifest naming the new files with archived_version = the limit, delete the
+        bucket) imem touches: merge the current flushed file (if any) with imem's rows,
+        newest version per ts winning, and write a new file; then, under the lock again,
+        commit a manifest naming the new files with archived_version = the cut, delete the
         replaced files and drop imem. Only then may the WAL below archived_version + 1 go:
         `wal.recycle(archived_version + 1)` if a WalWriter is given, else the owner reads
         `archived_version`.
+
+        A pending round (§9) is a flush point: the cut stops at its version, and the same
+        manifest commit adds its files (linked in from the staging area) with
+        archived_version = its version; the next step goes on above it. A round whose
+        files are not all staged stops the flush just below it.
         """
+        written: list[ArchivedFile] = []
+        archived = 0
         with self._flush_lock:
             with self._lock:
-                self._check_open()
-                mem = self._mem
-                version = self.applied_version if up_to_version is None \
-                    else min(up_to_version, self.applied_version)
-                if not mem.rows or mem.min_version > version:
-                    return []
-                kept = mem.split_above(version, self._clock())
-                mem.seal()        # read outside the lock from here on: nothing left to pad
-                self._imem = mem
-                self._mem = kept
-                old = self._store.manifest
-                epoch = max(old.archived_epoch, mem.max_epoch)
-                schemas = copy.deepcopy(self._schemas)
-            try:
-                written, superseded, files = self._write_files(mem, old, version, schemas)
-            except BaseException:
-                with self._lock:   # keep the rows: put imem back under the newer writes
-                    self._mem = self._merge_back(mem, self._mem, self._schemas)
+                limit = self._limit(up_to_version)     # fixed: later writes wait
+            while True:
+                with self._lock:
+                    self._check_open()
+                    cut, ingest = self._next_cut(limit, up_to_version is None)
+                    mem: Memtable | None = self._mem
+                    if not mem.rows or mem.min_version > cut:
+                        mem = None
+                    if mem is None and ingest is None:
+                        break
+                    if mem is not None:
+                        self._mem = mem.split_above(cut, self._clock())
+                        mem.seal()    # read outside the lock from here on: nothing to pad
+                        self._imem = mem
+                    old = self._store.manifest
+                    epoch = max(old.archived_epoch, mem.max_epoch if mem is not None else 0,
+                                ingest.epoch if ingest is not None else 0)
+                    schemas = copy.deepcopy(self._schemas)
+                try:
+                    if mem is not None:
+                        step, superseded, files = self._write_files(mem, old, cut, schemas)
+                    else:
+                        step, superseded, files = [], [], list(old.files)
+                    if ingest is not None:
+                        killpoint(KP_APPLY_FILES)
+                        files += self._link_round(ingest)
+                        killpoint(KP_APPLY_LINK)
+                except BaseException:
+                    if mem is not None:
+                        with self._lock:   # keep the rows: put imem back under newer writes
+                            self._mem = self._merge_back(mem, self._mem, self._schemas)
+                            self._imem = None
+                    raise
+                with self._lock:
+                    manifest = Manifest(old.precision, old.file_span_ms, cut, epoch, schemas,
+                                        files)
+                    self._store.commit(manifest, superseded)
                     self._imem = None
-                raise
-            with self._lock:
-                manifest = Manifest(old.precision, old.file_span_ms, version, epoch, schemas,
-                                    files)
-                self._store.commit(manifest, superseded)
-                self._imem = None
-        if wal is not None:
-            wal.recycle(version + 1)
+                    if ingest is not None:
+                        del self._ingests[ingest.version]
+                written += step
+                archived = cut
+                if ingest is not None:
+                    killpoint(KP_APPLY_MANIFEST)
+                    # Durable in the manifest: the staged copies may go (a crash before this
+                    # leaves them to clean_staging at the next open).
+                    shutil.rmtree(S.staged_round_path(self.path, ingest.record.round),
+                                  ignore_errors=True)
+                    killpoint(KP_APPLY_CLEANUP)
+        if wal is not None and archived:
+            wal.recycle(archived + 1)
         return written
+
+    def _link_round(self, p: PendingIngest) -> list[ArchivedFile]:
+        """Link the staged files of round `p` into the archive; their manifest entries."""
+        rec = p.record
+        missing = S.missing_staged(self.path, rec)
+        if missing:     # removed or damaged since it was found staged
+            raise VnodeError(f"v{p.version}: files {missing} of round {rec.round} are no"
+                             f" longer staged")
+        out = []
+        for k, f in enumerate(rec.files):
+            name = rec.archive_name(p.version, k)
+            self._store.link_in(S.abspath(self.path, rec.staged_name(k)), name)
+            out.append(ArchivedFile(name, f.size, f.crc32c, f.table, f.bucket, f.ts_min,
+                                    f.ts_max, f.min_version, f.max_version, f.rows,
+                                    p.version, p.epoch, f.origin))
+        return out
 
     def _write_files(self, mem: Memtable, old: Manifest, version: int,
                      schemas: dict[str, dict[str, str]]):
         store = self._store
         span = self.config.file_span
-        current = {(f.table, f.bucket): f for f in old.files}
+        # Ingested files (§9) stay as they are: a flush merges only with its own files.
+        current = {(f.table, f.bucket): f for f in old.files if not f.ingest_version}
         files = dict(current)
         written, superseded = [], []
         for table in mem.tables:
@@ -532,7 +716,7 @@ class Vnode:
                 af = store.write(table, bucket, version, new)
                 files[(table, bucket)] = af
                 written.append(af)
-        return written, superseded, list(files.values())
+        return written, superseded, [f for f in old.files if f.ingest_version] + list(files.values())
 
     @staticmethod
     def _merge_back(older: Memtable, newer: Memtable,
@@ -606,22 +790,27 @@ class Vnode:
                 # A flush replaced a file between our snapshot and the read: snapshot again.
                 if attempt == QUERY_RETRIES - 1:
                     raise
+        # Later version wins, by rank (docs/vnode.md §9.4): a row's own _version, or for the
+        # rows of an ingested file the version of the record that ingested it.
         out: dict[int, dict[str, Any]] = {}
+        ranks: dict[int, int] = {}
         if archived:
             qschema = arrow_schema(self.config.precision, columns)
             qschema = qschema.set(0, pa.field("ts", pa.int64()))
-            for tbl in archived:
+            for f, tbl in zip(files, archived):
                 tbl = conform(tbl, qschema)
                 ts = tbl.column("ts")
                 tbl = tbl.filter(pc.and_(pc.greater_equal(ts, start), pc.less(ts, end)))
                 for row in tbl.to_pylist():
-                    prev = out.get(row["ts"])
-                    if prev is None or row["_version"] >= prev["_version"]:
+                    r = rank(f, row["_version"])
+                    prev = ranks.get(row["ts"])
+                    if prev is None or r >= prev:
                         out[row["ts"]] = row
+                        ranks[row["ts"]] = r
         floats = [c for c, t in columns.items() if t == R.TYPE_FLOAT]
         for ts, (version, epoch, values) in (*imem_rows, *mem_rows):
-            prev = out.get(ts)
-            if prev is not None and prev["_version"] > version:
+            prev = ranks.get(ts)
+            if prev is not None and prev > version:
                 continue
             row = {"ts": ts, "_version": version, "_epoch": epoch}
             for c in columns:
@@ -633,27 +822,31 @@ class Vnode:
         return [out[ts] for ts in sorted(out)]
 
     # -- recovery, verification, status, close ----------------------------------------------
-    def recover(self, wal_dir: str | None = None) -> int:
+    def recover(self, wal_dir: str | None = None, clean_staging: bool = True) -> int:
         """Crash recovery: replay WAL records above the applied version; returns how many.
 
         The manifest was loaded by the constructor; every version up to archived_version is
         in the files. A WAL that starts after archived_version + 1 lost records the files do
-        not have: VnodeError, never a silent gap.
+        not have: VnodeError, never a silent gap. Then (clean_staging) the staging area
+        keeps only the rounds the replayed records name (docs/vnode.md §9.5): applied
+        rounds, rounds cut from the log and rounds a master staged but never forwarded go,
+        with partial fetches and the producers' incoming/ directory.
         """
         wal_dir = wal_dir or self.wal_dir
-        if not os.path.isdir(wal_dir):
-            return 0
         with self._lock:
             self._check_open()
-            start = self.applied_version + 1
             n = 0
-            for rec in WalReader(wal_dir, self.config.max_payload_bytes).iter_records(start):
-                if n == 0 and rec.version > start:
-                    raise VnodeError(f"{wal_dir}: WAL resumes at version {rec.version} but"
-                                     f" this vnode holds versions up to {start - 1}: versions"
-                                     f" {start}..{rec.version - 1} are lost")
-                self.write_to_cache(rec.version, rec.epoch, rec.payload, rec.msg_type)
-                n += 1
+            if os.path.isdir(wal_dir):
+                start = self.applied_version + 1
+                for rec in WalReader(wal_dir, self.config.max_payload_bytes).iter_records(start):
+                    if n == 0 and rec.version > start:
+                        raise VnodeError(f"{wal_dir}: WAL resumes at version {rec.version} but"
+                                         f" this vnode holds versions up to {start - 1}:"
+                                         f" versions {start}..{rec.version - 1} are lost")
+                    self.write_to_cache(rec.version, rec.epoch, rec.payload, rec.msg_type)
+                    n += 1
+            if clean_staging:
+                S.clean_staging(self.path, {p.record.round for p in self._ingests.values()})
             return n
 
     def rebuild(self, wal_dir: str | None = None) -> int:
@@ -679,7 +872,8 @@ class Vnode:
                                      f" archived version {archived}: archived files hold"
                                      f" versions the log no longer has; this vnode needs a"
                                      f" restore")
-            n = self.recover(wal_dir)
+            # Staged rounds stay: the node may be about to forward one (docs/vnode.md §9.5).
+            n = self.recover(wal_dir, clean_staging=False)
             # Writes above the kept version were cut from the log: forget their ids.
             for rid in [r for r, v in self._rids.items() if v > self.applied_version]:
                 del self._rids[rid]

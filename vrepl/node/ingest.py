@@ -1,0 +1,763 @@
+"""Ingesting files into a vgroup by one replicated record (docs/vnode.md §9; issue 16).
+
+The master API (a producer such as `vrepl ship`'s receiver, the transactional load, the
+slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
+
+    host.staging_dir() -> str
+        `<vgroup path>/ingest/incoming`, created if missing: where a producer on this node
+        writes the files of a round before it calls ingest(). Names given to ingest() are
+        relative to it. The directory is emptied when the node opens the vgroup (a crash
+        leaves nothing a producer can resume there).
+
+    await host.ingest(files: Sequence[IngestFile], kind: str,
+                      meta: Mapping[str, Any] | None = None) -> IngestResult
+        On the node's I/O loop (`host.loop`; from another thread:
+        `asyncio.run_coroutine_threadsafe(host.ingest(...), host.loop)`). Checks every file
+        (confined name, regular file, size and CRC-32C if the producer gave them, the
+        Parquet format of an archived file, types against the table's schema), moves the
+        files into the staging area (fsynced), then forwards ONE WAL record (payload format
+        8, docs/vnode.md §2) naming them, and returns once the group committed it:
+        `IngestResult(version, epoch, rows, files, applied)`. The round then reaches every
+        replica's archive at that version, all files at once (never half a round).
+        `applied` says whether this node already archived it (its rows visible here); it
+        normally is, within `write_timeout_ms`.
+
+        Raises IngestError (a RuntimeError) with `code` and `outcome`:
+          code "bad_files" (IngestFileError, also a ValueError): a file fails its check;
+              nothing was forwarded, the files stay in staging_dir() (outcome "not_written");
+          "not_master", "not_running", "needs_restore", "overloaded": nothing was
+              forwarded (outcome "not_written"); a file named by another round being
+              ingested at the same time is "bad_files";
+          "unknown_outcome": forwarded, but not confirmed by a quorum in time or this node
+              stepped down: the record may still be committed or cut (outcome "unknown");
+              a producer retries with a round it can recognise (its own id in `meta`).
+
+    IngestFile(name: str, table: str, origin: str = "", size: int | None = None,
+               crc32c: int | None = None)
+        `name`: relative to staging_dir(), '/'-separated components of [A-Za-z0-9_.-]
+        (not starting with '.'), at most 255 bytes; `table`: the table its rows belong to;
+        `origin`: who wrote the rows (printable, at most 128 bytes): their `_version` and
+        `_epoch` are that origin's, not this vgroup's; `size`, `crc32c`: checked if given
+        (`crc32c` is the file's magic: CRC-32C of its bytes, 1 if that is 0).
+    kind: `[a-z][a-z0-9_.-]{0,31}` (e.g. "ship", "load"); meta: a JSON object of at most
+        64 KiB, opaque to vrepl, stored in the record (a ship round id, a transaction id).
+
+Owns, besides the API: the slave's side of a round (stage the files a record names: from
+its own incoming/ when a producer put the same bytes there, else fetched from a replica
+that has them over a FETCH connection; ack the record only once they are durable, in
+version order), serving FETCH connections from the other replicas, and the kill points of
+the ingest path (vrepl/killpoints.py).
+Must not: block the I/O thread on disk or sockets (checks, moves and fetches run on the
+ingest executor), write the WAL, or touch the archive (the vnode applies a round, at a
+flush, once its version is committed: vrepl/vnode/staging.py, vnode.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import functools
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence
+
+from vrepl._core import crc32c as _crc
+from vrepl.config import parse_endpoint
+from vrepl.errors import FetchFailed, FrameError, IngestError, IngestFileError
+from vrepl.killpoints import killpoint, register
+from vrepl.replica import ConfirmStatus
+from vrepl.restore import protocol as P
+from vrepl.restore.errors import PeerError, RestoreError
+from vrepl.restore.stream import SyncStream, connect_sync
+from vrepl.node.config import NodeConfig, VgroupSpec
+from vrepl.sync import FlowControlError, NotRunningError, SyncInstance
+from vrepl.transport.codec import ConnKind
+from vrepl.untrusted import printable
+from vrepl.vnode import Vnode
+from vrepl.vnode import staging as S
+from vrepl.vnode.errors import VnodeError
+from vrepl.vnode.rows import NOOP_PAYLOAD, TABLE_NAME_RE
+
+
+log = logging.getLogger("vrepl.node")
+
+# docs/vnode.md §9.5: a test arms these (VREPL_KILLPOINT) to kill a real node at each step.
+KP_MASTER_CHECKED = register("ingest.master.after_check",
+                             "master: the round's files are checked in incoming/; nothing moved,"
+                             " nothing forwarded")
+KP_MASTER_STAGED = register("ingest.master.after_stage",
+                            "master: the round is staged (fsynced in ingest/staged/<round>/),"
+                            " its record not forwarded yet")
+KP_MASTER_FORWARDED = register("ingest.master.after_forward",
+                               "master: the record is handed to forward(); it may or may not be"
+                               " in the WAL, no outcome yet")
+KP_MASTER_CONFIRMED = register("ingest.master.after_confirm",
+                               "master: the record is committed (confirmed by a quorum); the"
+                               " producer has no answer yet")
+KP_FETCH_RECEIVED = register("ingest.fetch.after_receive",
+                             "a replica fetching a file: its bytes are in a .part file,"
+                             " checked, not fsynced or renamed")
+KP_SLAVE_STAGED = register("ingest.slave.after_stage",
+                           "a replica: every file of the round is staged; the record is not"
+                           " acknowledged yet")
+KP_SLAVE_ACKED = register("ingest.slave.after_ack",
+                          "a replica: the record is acknowledged after its files were staged")
+
+RETRY_MAX_MS = 10_000           # a failed staging job is retried, backing off up to this
+
+
+@dataclass(frozen=True)
+class IngestFile:
+    """One file of a round, as the producer names it (see the module doc)."""
+
+    name: str
+    table: str
+    origin: str = ""
+    size: int | None = None
+    crc32c: int | None = None
+
+
+class IngestResult(NamedTuple):
+    version: int         # the version of the round's record
+    epoch: int           # its epoch (this master's)
+    rows: int            # rows in the round's files
+    files: int
+    applied: bool        # archived on this node already (rows visible in queries here)
+
+
+def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any) -> str | None:
+    """Why a round's arguments are refused before any file is read, or None."""
+    if type(kind) is not str or S.KIND_RE.fullmatch(kind) is None:
+        return f"kind {str(kind)[:40]!r} does not match {S.KIND_RULE}"
+    reason = S.meta_invalid(meta)
+    if reason is not None:
+        return reason
+    if not 1 <= len(files) <= S.MAX_ROUND_FILES:
+        return f"a round names 1..{S.MAX_ROUND_FILES} files, got {len(files)}"
+    seen: set[str] = set()
+    for f in files:
+        if not isinstance(f, IngestFile):
+            return f"{f!r} is not an IngestFile"
+        reason = S.name_invalid(f.name) or S.origin_invalid(f.origin)
+        if reason is None and (type(f.table) is not str or TABLE_NAME_RE.fullmatch(f.table) is None):
+            reason = f"{f.name}: table {str(f.table)[:80]!r} is not a table name"
+        for what in ("size", "crc32c"):
+            v = getattr(f, what)
+            if reason is None and v is not None and (type(v) is not int or v < 0 or v > 2**64):
+                reason = f"{f.name}: {what} {v!r} is not a non-negative integer"
+        if reason is None and f.name in seen:
+            reason = f"{f.name} is named twice"
+        if reason is not None:
+            return reason
+        seen.add(f.name)
+    return None
+
+
+@dataclass
+class _Forwarded:
+    """(master) A round's record forwarded, waiting for its outcome."""
+
+    payload: bytes
+    epoch: int
+    future: asyncio.Future
+
+
+class _Job:
+    """Staging the missing files of one round on this replica (executor thread)."""
+
+    def __init__(self, version: int, record: S.IngestRecord) -> None:
+        self.version = version
+        self.record = record
+        self.cancelled = False
+        self.attempts = 0
+        self.stream: SyncStream | None = None       # the fetch in progress (closed to cancel)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.timer is not None:
+            self.timer.cancel()
+        stream = self.stream
+        if stream is not None:
+            stream.close()
+
+
+class IngestHost(Protocol):
+    """What Rounds needs of its VgroupHost (vrepl/node/vgroup.py, which owns a Rounds: not
+    imported here, so the two modules do not import each other)."""
+
+    id: int
+    node_id: int
+    path: str
+    node_cfg: NodeConfig
+    spec: VgroupSpec
+    vnode: Vnode | None
+    sync: SyncInstance | None
+    loop: asyncio.AbstractEventLoop | None
+    state: str
+    role: str
+    epoch: int
+    master: int | None
+    next_version: int
+    stopping: bool
+
+    def _role_now(self) -> tuple[str, int | None]: ...
+
+    def _maybe_flush(self) -> None: ...
+
+
+class Rounds:
+    """The ingest side of one VgroupHost: the master API, staging a round's files on every
+    replica, acking in version order, and serving fetches (see the module doc). Runs on the
+    I/O thread except where a method says otherwise."""
+
+    def __init__(self, host: IngestHost) -> None:
+        self.host = host
+        self.forwarded: dict[int, _Forwarded] = {}      # master: version -> outcome awaited
+        self.noops: dict[int, int] = {}                 # master: nudge no-ops -> epoch
+        self._nudging: asyncio.TimerHandle | None = None
+        self.jobs: dict[int, _Job] = {}                 # version -> staging job
+        self.applied_waiters: dict[int, list[asyncio.Future]] = {}
+        self.counters = dict.fromkeys(("rounds_ingested", "rounds_refused", "rounds_unknown",
+                                       "rounds_staged", "files_from_incoming",
+                                       "files_fetched", "fetch_failures", "files_served"), 0)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stopped = False
+        self._lock = threading.Lock()                   # counters touched by fetch threads
+        self._in_flight: set[str] = set()               # master: names of rounds being ingested
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[name] += n
+
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                2, thread_name_prefix=f"vrepl-ingest-vg{self.host.id}")
+        return self._pool
+
+    @property
+    def path(self) -> str:
+        return self.host.path
+
+    @property
+    def fsync(self) -> bool:
+        return self.host.node_cfg.vnode.fsync
+
+    # -- the master API -------------------------------------------------------------------------
+    def staging_dir(self) -> str:
+        path = S.incoming_path(self.path)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def _refusal(self) -> IngestError | None:
+        host = self.host
+        if self._stopped or host.stopping:
+            return IngestError("not_running", f"vg{host.id}: this node is stopping")
+        if host.state != "serving":
+            return IngestError("needs_restore", f"vg{host.id}: this node (n{host.node_id}) needs"
+                               " a restore and takes no rounds; ask the master")
+        if host.role != "master" or host.sync is None:
+            role, master = host._role_now()
+            where = f"the master is n{master}" if master is not None else "no master is known yet"
+            return IngestError("not_master", f"vg{host.id}: this node (n{host.node_id}) is"
+                               f" {role}; {where}")
+        return None
+
+    def _check_refusal(self) -> None:
+        err = self._refusal()
+        if err is not None:
+            self._count("rounds_refused")
+            raise err
+
+    async def ingest(self, files: Sequence[IngestFile], kind: str,
+                     meta: Mapping[str, Any] | None = None) -> IngestResult:
+        self._check_refusal()
+        files = list(files)
+        meta = {} if meta is None else dict(meta)
+        reason = request_invalid(files, kind, meta)
+        if reason is not None:
+            self._count("rounds_refused")
+            raise IngestFileError(reason)
+        busy = [f.name for f in files if f.name in self._in_flight]
+        if busy:
+            self._count("rounds_refused")
+            raise IngestFileError(f"{busy[0]}: named by another round being ingested now")
+        names = {f.name for f in files}
+        self._in_flight |= names
+        try:
+            return await self._ingest(files, kind, meta)
+        finally:
+            self._in_flight -= names
+
+    async def _ingest(self, files: list[IngestFile], kind: str,
+                      meta: dict[str, Any]) -> IngestResult:
+        host = self.host
+        vnode, loop = host.vnode, host.loop
+        if vnode is None or loop is None:       # closed by a stop or a self-restore meanwhile
+            raise IngestError("not_running", f"vg{host.id}: this node is not serving the vgroup")
+        entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
+                                                      vnode.schemas)
+        rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries))
+        reason = S.round_invalid(entries)
+        self._check_refusal()
+        if reason is None:
+            reason = vnode.reserve_columns(rec)
+        payload = S.encode_ingest_payload(rec)
+        if reason is None and len(payload) > host.node_cfg.vnode.max_payload_bytes:
+            reason = (f"the round's record would be {len(payload)} bytes, above"
+                      f" max_payload_bytes {host.node_cfg.vnode.max_payload_bytes}")
+        if reason is not None:
+            self._count("rounds_refused")
+            raise IngestFileError(reason)
+        killpoint(KP_MASTER_CHECKED)
+        try:
+            await loop.run_in_executor(self.pool(), S.stage_round, self.path, rec, sources,
+                                       self.fsync)
+        except OSError as exc:     # a file went away meanwhile, a full disk
+            await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
+            self._count("rounds_refused")
+            raise IngestFileError(f"cannot stage the round: {exc.strerror or exc}:"
+                                  f" {printable(str(exc.filename or ''))}") from None
+        killpoint(KP_MASTER_STAGED)
+        version = host.next_version
+        err = self._refusal()
+        if err is None:
+            try:
+                host.sync.forward(version, payload)  # type: ignore[union-attr]
+            except FlowControlError as exc:
+                err = IngestError("overloaded", f"vg{host.id}: {exc}; retry later")
+            except NotRunningError as exc:
+                err = IngestError("not_running", str(exc))
+        if err is not None:
+            await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
+            self._count("rounds_refused")
+            raise err
+        host.next_version = version + 1
+        epoch = host.epoch
+        killpoint(KP_MASTER_FORWARDED)
+        fut = loop.create_future()
+        self.forwarded[version] = _Forwarded(payload, epoch, fut)
+        log.info("vg%d n%d: round %s (%s, %d files, %d rows) forwarded at v%d", host.id,
+                 host.node_id, rec.round, kind, len(rec.files), rec.rows, version,
+                 extra={"event": "ingest_round", "round": rec.round, "version": version})
+        timeout_s = host.node_cfg.http.write_timeout_ms / 1000
+        try:
+            status = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except asyncio.TimeoutError:
+            status = ConfirmStatus.TIMED_OUT
+        if status == ConfirmStatus.NOT_MASTER:
+            # Refused by the core: never in the log. The files go back to the producer.
+            await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
+            self._count("rounds_refused")
+            raise IngestError("not_master", f"vg{host.id}: this node stopped being master"
+                              " before the round's record was taken; nothing was written")
+        if status != ConfirmStatus.OK:
+            self._count("rounds_unknown")
+            if status == ConfirmStatus.TIMED_OUT:
+                self._nudge(version, host.node_cfg.restore.retry_interval_ms)
+            what = ("not confirmed by a quorum within write_timeout_ms" if status ==
+                    ConfirmStatus.TIMED_OUT else f"failed ({status.describe()}): this node"
+                    " stepped down")
+            raise IngestError("unknown_outcome", f"vg{host.id}: round {rec.round} at v{version}"
+                              f" {what}: the outcome is unknown (replicas that cannot stage its"
+                              " files do not acknowledge it)", outcome="unknown",
+                              version=version)
+        killpoint(KP_MASTER_CONFIRMED)
+        self._count("rounds_ingested")
+        applied = await self._wait_applied(version, timeout_s)
+        return IngestResult(version, epoch, rec.rows, len(rec.files), applied)
+
+    def _check_files(self, files: list[IngestFile], schemas: dict[str, dict[str, str]]
+                     ) -> tuple[list[S.IngestEntry], list[str]]:
+        """(ingest executor) Check every file; IngestFileError naming the first bad one."""
+        cfg = self.host.node_cfg.vnode
+        entries, sources = [], []
+        for f in files:
+            try:
+                full = S.confined_incoming(self.path, f.name)
+            except ValueError as exc:
+                raise IngestFileError(str(exc)) from None
+            reason, entry = S.check_file(full, f.name, f.table, f.origin, cfg, schemas,
+                                         f.size, f.crc32c)
+            if reason is not None or entry is None:
+                raise IngestFileError(reason or f"{f.name}: not checked")
+            entries.append(entry)
+            sources.append(full)
+        return entries, sources
+
+    def _unstage(self, rec: S.IngestRecord, sources: list[str]) -> None:
+        """(ingest executor) A round refused after staging: its files go back where the
+        producer put them."""
+        for k, src in enumerate(sources):
+            try:
+                os.replace(S.abspath(self.path, rec.staged_name(k)), src)
+            except OSError:
+                pass
+        try:
+            os.rmdir(S.staged_round_path(self.path, rec.round))
+        except OSError:
+            pass
+
+    async def _wait_applied(self, version: int, timeout_s: float) -> bool:
+        vnode = self.host.vnode
+        if vnode is None:
+            return False
+        if vnode.archived_version >= version:
+            return True
+        fut = self.host.loop.create_future()  # type: ignore[union-attr]
+        self.applied_waiters.setdefault(version, []).append(fut)
+        self.host._maybe_flush()
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            return False
+
+    def flushed(self, archived_version: int) -> None:
+        """(I/O thread) A flush finished: answer the producers whose round it archived."""
+        for version in [v for v in self.applied_waiters if v <= archived_version]:
+            for fut in self.applied_waiters.pop(version):
+                if not fut.done():
+                    fut.set_result(True)
+
+    def _nudge(self, version: int, delay_ms: int) -> None:
+        """(master) A round timed out (replicas could not stage its files in time): it and
+        the records after it are committed only with a later record confirmed by a quorum
+        (docs/design.md §4.4). Once the replicas have staged the files that happens at the
+        next write; without writes, forward a no-op now and then until it is committed."""
+        host = self.host
+        if self._nudging is not None:
+            return
+
+        def run() -> None:
+            self._nudging = None
+            sync = host.sync
+            if self._stopped or host.stopping or host.state != "serving" or sync is None \
+                    or host.role != "master" or sync.committed_version >= version:
+                return
+            v = host.next_version
+            try:
+                sync.forward(v, NOOP_PAYLOAD)
+            except (FlowControlError, NotRunningError):
+                pass
+            else:
+                host.next_version = v + 1
+                self.noops[v] = host.epoch
+            self._nudge(version, min(delay_ms * 2, RETRY_MAX_MS))
+        self._nudging = host.loop.call_later(delay_ms / 1000, run)  # type: ignore[union-attr]
+
+    def confirm(self, version: int, status: ConfirmStatus, apply: bool) -> bool:
+        """(I/O thread, from VgroupHost._confirm, in version order) The outcome of a round's
+        record: apply it to the vnode (it is in the log) and tell its producer. False if
+        `version` is not a round (or a no-op) this node forwarded."""
+        epoch = self.noops.pop(version, None)
+        if epoch is not None:
+            if apply:
+                try:
+                    self.host.vnode.write_to_cache(version, epoch, NOOP_PAYLOAD)  # type: ignore[union-attr]
+                except VnodeError:
+                    pass
+            return True
+        fwd = self.forwarded.pop(version, None)
+        if fwd is None:
+            return False
+        if apply:
+            try:
+                self.host.vnode.write_to_cache(version, fwd.epoch, fwd.payload)  # type: ignore[union-attr]
+                self.on_record(version)
+            except VnodeError as exc:       # closed while stopping
+                log.warning("vg%d: round at v%d not applied: %s", self.host.id, version, exc)
+        if not fwd.future.done():
+            fwd.future.set_result(status)
+        return True
+
+    # -- every replica: stage what a record names, ack in order ---------------------------------
+    def acked_version_at_start(self) -> int | None:
+        """(SyncCallbacks.get_acked_version) The records above the first round whose files
+        are not staged here must not be acked for the app when the instance starts."""
+        first = self.host.vnode.first_unstaged_ingest() if self.host.vnode else None
+        return None if first is None else first - 1
+
+    def ack_bound(self, last: int) -> int:
+        """The highest version this replica may acknowledge of those up to `last`: below the
+        first round whose files are not staged yet (acks are cumulative)."""
+        first = self.host.vnode.first_unstaged_ingest()  # type: ignore[union-attr]
+        return last if first is None else min(last, first - 1)
+
+    def on_record(self, version: int) -> None:
+        """(I/O thread) A round's record was applied to the vnode: stage its files if some
+        are missing here."""
+        p = self.host.vnode.pending_ingest(version)  # type: ignore[union-attr]
+        if p is None or p.staged:
+            return
+        job = self.jobs.get(version)
+        if job is not None and job.record.round == p.record.round and not job.cancelled:
+            return
+        if job is not None:
+            job.cancel()
+        job = self.jobs[version] = _Job(version, p.record)
+        self._submit(job)
+
+    def resume(self) -> None:
+        """(I/O thread) After a start or a rebuild: a job for every round whose files are
+        not all staged, none for rounds no longer pending."""
+        vnode = self.host.vnode
+        if vnode is None:
+            return
+        pending = {p.version: p for p in vnode.pending_ingests()}
+        for version, job in list(self.jobs.items()):
+            p = pending.get(version)
+            if p is None or p.record.round != job.record.round:
+                job.cancel()
+                del self.jobs[version]
+        for version, p in pending.items():
+            if not p.staged:
+                self.on_record(version)
+
+    def cut_after(self, version: int) -> None:
+        """(I/O thread) The WAL was cut after `version`: rounds above it are gone."""
+        for v in [v for v in self.jobs if v > version]:
+            self.jobs.pop(v).cancel()
+
+    def _submit(self, job: _Job) -> None:
+        if job.cancelled or self._stopped:
+            return
+        job.timer = None
+        fut = self.host.loop.run_in_executor(self.pool(), self._stage_job, job)  # type: ignore[union-attr]
+        fut.add_done_callback(functools.partial(self._job_done, job))
+
+    def _job_done(self, job: _Job, fut: asyncio.Future) -> None:
+        if job.cancelled or self._stopped or self.jobs.get(job.version) is not job:
+            return
+        exc = fut.exception()
+        host = self.host
+        if exc is None:
+            del self.jobs[job.version]
+            self._staged(job)
+            return
+        job.attempts += 1
+        self._count("fetch_failures")
+        base = host.node_cfg.restore.retry_interval_ms
+        delay_ms = min(base * 2 ** min(job.attempts - 1, 10), max(RETRY_MAX_MS, base))
+        log.warning("vg%d n%d: round %s at v%d: cannot stage its files (attempt %d): %s;"
+                    " not acknowledged, retrying in %d ms", host.id, host.node_id,
+                    job.record.round, job.version, job.attempts, exc, delay_ms,
+                    extra={"event": "ingest_fetch_failed", "version": job.version})
+        job.timer = host.loop.call_later(delay_ms / 1000, self._submit, job)  # type: ignore[union-attr]
+
+    def _staged(self, job: _Job) -> None:
+        """(I/O thread) Every file of the round is staged here: ack up to the next round
+        that is not, and let a flush apply it once it is committed."""
+        host = self.host
+        vnode, sync = host.vnode, host.sync
+        if vnode is None or not vnode.ingest_staged(job.version):
+            return
+        self._count("rounds_staged")
+        log.info("vg%d n%d: round %s at v%d staged", host.id, host.node_id, job.record.round,
+                 job.version, extra={"event": "ingest_staged", "version": job.version})
+        if sync is not None and host.state == "serving" and host.role != "master":
+            bound = self.ack_bound(vnode.get_version())
+            if bound >= job.version:
+                sync.ack_forward(bound)
+                killpoint(KP_SLAVE_ACKED)
+        host._maybe_flush()
+
+    def _stage_job(self, job: _Job) -> None:
+        """(ingest executor) Stage every missing file of the round: from incoming/ when a
+        producer put the same bytes there, else fetched from another replica."""
+        rec = job.record
+        missing = S.missing_staged(self.path, rec)
+        for k in list(missing):
+            if job.cancelled:
+                return
+            if self._from_incoming(rec, k):
+                missing.remove(k)
+        if missing:
+            self._fetch(job, missing)
+        killpoint(KP_SLAVE_STAGED)
+
+    def _from_incoming(self, rec: S.IngestRecord, k: int) -> bool:
+        f = rec.files[k]
+        try:
+            full = S.confined_incoming(self.path, f.name)
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (ValueError, OSError):
+            return False
+        try:
+            if os.fstat(fd).st_size != f.size or S.file_crc_magic(fd) != (f.size, f.crc32c):
+                return False
+        finally:
+            os.close(fd)
+        S.stage_file(full, self.path, rec.round, k, self.fsync)
+        self._count("files_from_incoming")
+        return True
+
+    def _sources(self) -> list[int]:
+        """Replicas to fetch from: the master this node follows first, then the others."""
+        host = self.host
+        others = [n for n in host.spec.replicas if n != host.node_id and n in host.node_cfg.nodes]
+        master = host.master
+        return ([master] if master in others else []) + [n for n in others if n != master]
+
+    def _fetch(self, job: _Job, missing: list[int]) -> None:
+        """(ingest executor) Fetch files `missing` of the round over FETCH connections, one
+        per source; FetchFailed when some are still missing after every source."""
+        host = self.host
+        rc = host.node_cfg.restore
+        errors = []
+        for node in self._sources():
+            if job.cancelled or not missing:
+                break
+            where = host.node_cfg.nodes[node].replication_endpoint
+            h, p = parse_endpoint(where)
+            try:
+                stream = connect_sync(h, p, secret=host.node_cfg.secret, kind=ConnKind.FETCH,
+                                      vgroup_id=host.id, node=host.node_id, target_node=node,
+                                      timeout_s=rc.connect_timeout_s, io_timeout_s=rc.io_timeout_s)
+            except (PeerError, OSError) as exc:
+                errors.append(f"n{node}: {exc}")
+                continue
+            job.stream = stream
+            try:
+                for k in list(missing):
+                    if job.cancelled:
+                        return
+                    got = self._fetch_one(stream, job, k)
+                    if got is None:
+                        missing.remove(k)
+                        self._count("files_fetched")
+                    else:
+                        errors.append(f"n{node}: {got}")
+            except (PeerError, RestoreError, FrameError, OSError) as exc:
+                errors.append(f"n{node}: {exc}")
+            finally:
+                job.stream = None
+                stream.close()
+        if missing and not job.cancelled:
+            raise FetchFailed(f"files {missing} of round {job.record.round}: "
+                              + ("; ".join(errors) or "no other replica to fetch from"))
+
+    def _fetch_one(self, stream: SyncStream, job: _Job, k: int) -> str | None:
+        """Ask for file k; None once it is staged, else why this source cannot give it."""
+        rec, version = job.record, job.version
+        f = rec.files[k]
+        stream.send(P.FetchRequest(version, k, f.size, f.crc32c, f.bucket, rec.round, f.table))
+        info = stream.recv()
+        if type(info) is not P.FileInfo or info.index != k:
+            raise PeerError(f"expected file_info #{k}, got {info.describe()}")
+        if info.magic == 0:
+            return f"has no file {k} of the round"
+        if (info.size, info.magic) != (f.size, f.crc32c):
+            raise PeerError(f"announces file {k} with {info.size} bytes, magic {info.magic:#x}")
+        data = stream.recv()
+        if type(data) is not P.FileData or data.index != k or data.size != f.size:
+            raise PeerError(f"expected file_data #{k} of {f.size} bytes, got {data.describe()}")
+        final = S.abspath(self.path, rec.staged_name(k))
+        part = final + S.PART_SUFFIX
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        st = os.statvfs(os.path.dirname(final))
+        if st.f_bavail * st.f_frsize < f.size:
+            raise RestoreError(f"not enough disk space for file {k} ({f.size} bytes)")
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        crc = 0
+        ok = False
+        try:
+            def take(view: memoryview) -> None:
+                nonlocal crc
+                crc = _crc.crc32c(view, crc)
+                off = 0
+                while off < len(view):
+                    off += os.write(fd, view[off:])
+            stream.recv_raw(f.size, take)
+            if (crc or 1) != f.crc32c:
+                return f"sent file {k} with magic {crc or 1:#010x}, the record says {f.crc32c:#010x}"
+            ok = True
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise RestoreError(f"no space left on device while staging file {k}") from None
+            raise
+        finally:
+            os.close(fd)
+            if not ok:
+                try:
+                    os.unlink(part)
+                except OSError:
+                    pass
+        killpoint(KP_FETCH_RECEIVED)
+        S.stage_file(part, self.path, rec.round, k, self.fsync)
+        return None
+
+    # -- serving fetches (a thread per FETCH connection) ------------------------------------------
+    def serve_fetch(self, stream: SyncStream, node: int) -> None:
+        """(SyncCallbacks.serve_fetch) Answer FETCH_REQUESTs until the other side closes: a
+        staged file of the round, else the archived file it became, else magic 0."""
+        host = self.host
+        while True:
+            try:
+                msg = stream.recv()
+            except PeerError:
+                return                      # closed: the usual end
+            if type(msg) is not P.FetchRequest:
+                stream.send_error(f"expected fetch_request, got {msg.describe()}")
+                return
+            found = self._locate(msg)
+            if found is None:
+                stream.send(P.FileInfo(msg.index, 0, 0, ""))
+                continue
+            fd, name = found
+            try:
+                stream.send(P.FileInfo(msg.index, msg.size, msg.magic, name))
+                stream.send(P.FileData(msg.index, msg.size))
+                stream.sendfile(fd, 0, msg.size)
+            finally:
+                os.close(fd)
+            self._count("files_served")
+            log.debug("vg%d n%d: served %s to n%d", host.id, host.node_id, name, node)
+
+    def _locate(self, msg: P.FetchRequest) -> tuple[int, str] | None:
+        """An open descriptor and the name of this node's copy of the requested file (its
+        size as asked; the fetching side checks the CRC), or None."""
+        if S.ROUND_RE.fullmatch(msg.round_id) is None or TABLE_NAME_RE.fullmatch(msg.table) is None \
+                or not 0 <= msg.index < S.MAX_ROUND_FILES:
+            return None
+        names = [S.staged_name(msg.round_id, msg.index)]
+        vnode = self.host.vnode
+        archived = S.archive_name(msg.table, msg.bucket, msg.version, msg.index)
+        try:
+            entry = vnode.archived_entry(archived) if vnode is not None else None
+        except VnodeError:
+            entry = None
+        if entry is not None and (entry.size, entry.magic) == (msg.size, msg.magic):
+            names.append(archived)
+        for name in names:
+            try:
+                fd = os.open(S.abspath(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if os.fstat(fd).st_size == msg.size:
+                return fd, name
+            os.close(fd)
+        return None
+
+    # -- life ---------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """(any thread) Cancel the staging jobs and the executor."""
+        self._stopped = True
+        if self._nudging is not None:
+            self._nudging.cancel()
+        for job in list(self.jobs.values()):
+            job.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def status(self) -> dict[str, Any]:
+        vnode = self.host.vnode
+        pending = vnode.pending_ingests() if vnode is not None else []
+        with self._lock:
+            counters = dict(self.counters)
+        return {"pending_rounds": len(pending),
+                "unstaged_rounds": sum(1 for p in pending if not p.staged),
+                "staging_jobs": len(self.jobs), **counters}
