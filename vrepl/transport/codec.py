@@ -81,6 +81,7 @@ class ConnKind(enum.IntEnum):
     SYNC = 3  # master -> a replica that is behind: the restore flow (docs/restore.md)
     BACKUP = 4  # a restore tool (`vrepl restore`) -> any replica: pull a full copy
     FETCH = 5  # a replica -> another replica: files of an ingested round (docs/vnode.md §9.6)
+    SHIP = 6  # `vrepl ship` (a sender with its own secret) -> a vgroup's master (docs/ship.md)
 
 
 RESTORE_TOOL_NODE_ID = -3  # the node id a restore tool names in its HELLO
