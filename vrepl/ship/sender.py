@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vrepl._core import crc32c as _crc
+from vrepl.killpoints import killpoint, register
 from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import (ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError, StateError,
@@ -41,6 +42,20 @@ from vrepl.vnode.files import MANIFEST_NAME, Manifest
 from vrepl.vnode.rows import TABLE_NAME_RE
 
 log = logging.getLogger("vrepl.ship")
+
+# Kill points of the sender (vrepl/killpoints.py; tests/integration/test_ship_nodes.py).
+KP_SNAPSHOT = register("ship.sender.after_snapshot",
+                       "the round's new files are hard-linked into snapshot/; sync.log not started")
+KP_LOG_STARTED = register("ship.sender.after_log_start",
+                          "sync.log says 'sync start'; schema and deletions not sent")
+KP_MID_FILE = register("ship.sender.mid_file",
+                       "part of a file's bytes are sent (a cut transfer the receiver resumes)")
+KP_FILE_SENT = register("ship.sender.after_file_sent",
+                        "a whole file is sent; its result and load not yet confirmed")
+KP_LOADED_LOGGED = register("ship.sender.after_loaded_log",
+                            "sync.log names files the receiver confirmed loaded; more may follow")
+KP_DONE = register("ship.sender.after_done",
+                   "the receiver said DONE; sync.log not yet folded into last_local_files.txt")
 
 CRC_CHUNK_BYTES = 16 * 1024 * 1024
 SELECT_ATTEMPTS = 5          # manifest re-reads when a file vanished between read and link
@@ -298,7 +313,9 @@ class Sender:
             res.seconds = time.monotonic() - t0
             return res
         snap = self._snapshot(new, now)
+        killpoint(KP_SNAPSHOT)
         self._log = SyncLog.start(self.sdir.p(SYNC_LOG), res.seq, res.round_id, opt.fsync)
+        killpoint(KP_LOG_STARTED)
         self._schema(stream, m, new)
         self._deleted = deleted
         self._log.write([LOG_DELETED_START])
@@ -319,6 +336,7 @@ class Sender:
             if not replies.finished.is_set():
                 stream.close()
                 replies.join(5)
+        killpoint(KP_DONE)
         self._log.write([LOG_TSFILE_END, LOG_END])
         self._log.close()
         self._log = None
@@ -538,12 +556,16 @@ class Sender:
                 raise ShipError(f"{e.name} changed size in the snapshot")
             if offset:
                 self.progress("file_bytes", offset)
-            stream.send_file(P.Data(index, offset, e.size - offset), fd, offset, e.size - offset,
-                             lambda n: self.progress("file_bytes", n))
+            def sent(n: int) -> None:
+                self.progress("file_bytes", n)
+                killpoint(KP_MID_FILE)
+
+            stream.send_file(P.Data(index, offset, e.size - offset), fd, offset, e.size - offset, sent)
         finally:
             os.close(fd)
         self._res.sent_files += 1
         self._res.sent_bytes += e.size - offset
+        killpoint(KP_FILE_SENT)
 
     # -- confirmations (reply thread) --------------------------------------------------------
     def _confirm_loaded(self, files: list[P.FileEntry], removed: list[P.FileEntry] = ()) -> None:
@@ -553,6 +575,8 @@ class Sender:
                 self._log.write(lines)
             self._res.loaded += len(files)
             self._res.removed += len(removed)
+        if lines:
+            killpoint(KP_LOADED_LOGGED)
 
     def _on_loaded(self, msg: P.Loaded) -> None:
         files = []

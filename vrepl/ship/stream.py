@@ -23,6 +23,7 @@ from vrepl.transport import codec
 from vrepl.transport.handshake import ClientHandshake, HandshakeError
 from vrepl.untrusted import printable
 
+SEND_SLICE_BYTES = 1 << 20   # a DATA body goes out in os.sendfile calls of at most this
 SHIP_ANY_NODE = -1          # a sender names no node: it accepts the node that answers
 
 
@@ -82,7 +83,14 @@ class ShipStream:
         with self._send_lock:
             try:
                 self.raw.send_bytes(frame)
-                self.raw.sendfile(fd, offset, count, on_progress)
+                # In slices, so progress (and a cut, docs/ship.md §3.4) comes every SLICE bytes.
+                end = offset + count
+                while offset < end:
+                    n = min(SEND_SLICE_BYTES, end - offset)
+                    self.raw.sendfile(fd, offset, n)
+                    offset += n
+                    if on_progress is not None:
+                        on_progress(n)
             except PeerError as exc:
                 raise PeerGone(str(exc)) from None
 
@@ -119,7 +127,8 @@ def connect(host: str, port: int, *, secret: bytes, sender_id: int, vgroup: int,
             try:
                 out = hs.on_message(codec.decode(rec))
             except (FrameError, HandshakeError) as exc:
-                raise PeerGone(f"{host}:{port}: handshake failed: {exc}", retry=False) from None
+                raise PeerGone(f"{host}:{port}: handshake failed: {exc}: the receiver's [[ship.senders]]"
+                               f" entry for sender id {sender_id} has another secret", retry=False) from None
             if out:
                 raw.send_bytes(out)
     except (PeerError, PeerGone) as exc:

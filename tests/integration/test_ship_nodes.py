@@ -1,0 +1,337 @@
+"""`vrepl ship` processes into real `vrepl node` receivers on loopback (docs/ship.md).
+
+An edge node (1 replica) writes rows and is stopped, which archives them; `vrepl ship`
+processes ship its vnode directory into a receiving vgroup (1 or 3 replicas). Rows are read
+back through the client API from every receiving replica and compared with the edge's own
+(ts, _version, _epoch, values: shipped rows keep their origin's versions). Faults: a round
+with nothing new, an update on the edge (a file replaced by a flush), a wrong secret, an
+unknown sender id, hostile names from a hand-driven sender, a sender SIGKILLed at each of its
+named kill points (vrepl/killpoints.py), a transfer cut mid-file that resumes, a second
+sender process on the same receiver, and a table owned by another sender."""
+from __future__ import annotations
+
+import os
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vrepl.child import python_argv
+from vrepl.killpoints import registered
+from vrepl.node.local import LocalCluster
+from vrepl.ship import protocol as P
+from vrepl.ship import sender as _sender  # noqa: F401  (registers the sender's kill points)
+from vrepl.ship.errors import (ERR_OWNER, ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER,
+                               EXIT_REFUSED, Refused)
+from vrepl.ship.stream import connect
+
+pytestmark = pytest.mark.timeout(240)
+
+VG = 1
+SECRET = "ship-secret-for-tests-0123456789"
+SPAN_MS = 864_000_000            # the vnode's default file span: one bucket
+
+
+class Edge:
+    """A one-replica edge node whose vnode directory is shipped (stopped between writes,
+    so its rows are archived)."""
+
+    def __init__(self, base: str, name: str = "edge") -> None:
+        self.c = LocalCluster(os.path.join(base, name), 1)
+        self.vg = os.path.join(self.c.nodes[1].dir, "data", f"vg{VG}")
+
+    def write(self, rows: list[tuple[str, int, dict]]) -> None:
+        self.c.start()
+        self.c.wait_master()
+        cl = self.c.client()
+        try:
+            for k in range(0, len(rows), 5000):
+                cl.write(VG, rows[k:k + 5000])
+        finally:
+            cl.close()
+        self.c.stop_all()          # SIGTERM: the node flushes its memtable into the archive
+
+    def rows(self, tables: list[str]) -> dict[str, list[tuple]]:
+        self.c.start()
+        self.c.wait_master()
+        try:
+            return {t: canon(self.c.replica_rows(1, t)) for t in tables}
+        finally:
+            self.c.stop_all()
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def canon(rows: list[dict]) -> list[tuple]:
+    return [tuple(sorted(r.items())) for r in rows]
+
+
+def receiver_rows(c: LocalCluster, node: int, tables: list[str]) -> dict[str, list[tuple]]:
+    return {t: canon(c.replica_rows(node, t)) for t in tables}
+
+
+def gen_rows(tables: list[str], n: int, bucket: int = 0, ts0: int = 0, value: float = 0.0,
+             ) -> list[tuple[str, int, dict]]:
+    return [(t, bucket * SPAN_MS + ts0 + i, {"x": value + i, "tag": f"{t}-{i}"})
+            for t in tables for i in range(n)]
+
+
+def ship(edge: Edge, recv: LocalCluster, *extra: str, sender_id: int = 7, secret: str = SECRET,
+         env: dict | None = None, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+    to = ",".join(n.replication for n in recv.nodes.values())
+    e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+    e.update(VREPL_SHIP_SECRET=secret, **(env or {}))
+    return subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                      "--sender-id", str(sender_id), "--vgroup", str(VG),
+                                      "--retries", "2", *extra),
+                          env=e, capture_output=True, text=True, timeout=timeout_s)
+
+
+def metric(recv: LocalCluster, node: int, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"http://{recv.nodes[node].http}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def leftovers(recv: LocalCluster) -> list[str]:
+    """Files a finished round must not leave: staged/incoming ingest files, received data."""
+    out = []
+    for n in recv.nodes.values():
+        vg = os.path.join(n.dir, "data", f"vg{VG}")
+        for sub in ("ingest/incoming", "ingest/staged"):
+            d = os.path.join(vg, sub)
+            if os.path.isdir(d):
+                for root, _, files in os.walk(d):
+                    out += [os.path.join(root, f) for f in files]
+        ship = os.path.join(vg, "ship")
+        if os.path.isdir(ship):
+            for uuid in os.listdir(ship):
+                d = os.path.join(ship, uuid, "data")
+                if os.path.isdir(d):
+                    out += [os.path.join(d, f) for f in os.listdir(d)]
+                for f in ("sync.log", "load.log", "sync.end"):
+                    if os.path.exists(os.path.join(ship, uuid, f)):
+                        out.append(os.path.join(ship, uuid, f))
+    return out
+
+
+def sender_leftovers(edge: Edge) -> list[str]:
+    root = os.path.join(edge.vg, "ship")
+    out = []
+    for d in os.listdir(root):
+        for f in ("snapshot", "sync.log", "current_local_files.txt"):
+            if os.path.exists(os.path.join(root, d, f)):
+                out.append(os.path.join(d, f))
+    return out
+
+
+@pytest.fixture
+def edge(tmp_path):
+    e = Edge(str(tmp_path))
+    yield e
+    e.close()
+
+
+def receiver(tmp_path, n: int, name: str = "recv") -> LocalCluster:
+    c = LocalCluster(os.path.join(str(tmp_path), name), n,
+                     ship_senders=[{"id": 7, "secret": SECRET}, {"id": 8, "secret": SECRET + "-8"}])
+    c.start()
+    c.wait_master(slaves=n - 1)
+    return c
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas):
+    tables = ["cpu", "mem"]
+    edge.write(gen_rows(tables, 300) + gen_rows(tables, 100, bucket=1))
+    recv = receiver(tmp_path, replicas)
+    try:
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "4 of 4 new files loaded" in p.stdout
+        want = edge.rows(tables)
+        assert sum(len(v) for v in want.values()) == 800
+        for nid in recv.nodes:
+            recv.wait_for(f"n{nid} holds the round", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
+                          20, 0.2)
+        assert leftovers(recv) == [] and sender_leftovers(edge) == []
+
+        # Nothing new: no file data crosses.
+        master = recv.master()
+        before = metric(recv, master, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "nothing new" in p.stdout
+        assert metric(recv, master, "vrepl_ship_received_bytes_total") == before
+
+        # An update of historical rows and new rows in an old bucket: the flush replaces the
+        # bucket's file; the round ships the deletion and the new file.
+        edge.write(gen_rows(["cpu"], 50, value=1000.0) + gen_rows(["disk"], 10))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "1 of 1 deletions applied" in p.stdout, p.stdout
+        tables.append("disk")
+        want = edge.rows(tables)
+        assert [r for r in want["cpu"] if dict(r)["ts"] == 10][0] == tuple(sorted(
+            {**dict(want["cpu"][10]), "x": 1010.0}.items()))
+        for nid in recv.nodes:
+            recv.wait_for(f"n{nid} holds the update", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
+                          20, 0.2)
+        st = recv.status(master)["ship_senders"]
+        assert len(st) == 1 and st[0]["sender_id"] == 7 and st[0]["last_error"] == ""
+        assert st[0]["files"] == 5
+    finally:
+        recv.close()
+
+
+def test_wrong_secret_and_unknown_sender_are_refused(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once", secret="not-the-secret-of-sender-7")
+        assert p.returncode == EXIT_PEER
+        assert "has another secret" in p.stderr
+        p = ship(edge, recv, "--once", sender_id=99)
+        assert p.returncode == EXIT_PEER
+        assert "refused the ship connection" in p.stderr
+        assert recv.replica_rows(1, "cpu") == []
+        # The right secret of another sender is not this sender's.
+        p = ship(edge, recv, "--once", sender_id=8)
+        assert p.returncode == EXIT_PEER
+        assert metric(recv, 1, "vrepl_ship_refusals_total", reason="unknown_sender") >= 1
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        assert len(recv.replica_rows(1, "cpu")) == 10
+    finally:
+        recv.close()
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a\x00b", "data/../../x"])
+def test_hostile_names_are_refused(tmp_path, name):
+    recv = receiver(tmp_path, 1)
+    try:
+        host, port = recv.nodes[1].replication.split(":")
+        s = connect(host, int(port), secret=(SECRET + "-8").encode(), sender_id=8, vgroup=VG)
+        try:
+            s.send(P.Begin(1, bytes(range(16)), 5, 0, 0, "ms", SPAN_MS, 0, bytes(32), 0, 1, 10, "evil"))
+            st = s.recv()
+            assert type(st) is P.State
+            s.send(P.Schema(b'{"tables":{"cpu":{"x":"float"}}}'))
+            s.send(P.SchemaEnd(1))
+            assert type(s.recv()) is P.SchemaOk
+            s.send(P.Offer((P.FileEntry(0, "cpu", 0, 10, 5, 1, name),)))
+            with pytest.raises(Refused) as ei:
+                s.recv()
+            assert ei.value.code == ERR_UNSAFE_NAME
+        finally:
+            s.close()
+        vg = os.path.join(recv.nodes[1].dir, "data", f"vg{VG}")
+        assert not os.path.exists(os.path.join(vg, "x"))
+        assert not os.path.exists(os.path.join(recv.nodes[1].dir, "data", "x"))
+    finally:
+        recv.close()
+
+
+SENDER_POINTS = sorted(registered("ship.sender."))
+
+
+def test_sender_killed_at_every_point_converges(tmp_path, edge):
+    """SIGKILL of `vrepl ship` at each named kill point; the next round converges: the
+    receiver holds exactly the edge's rows, nothing is left staged on either side."""
+    assert len(SENDER_POINTS) >= 6
+    recv = receiver(tmp_path, 1)
+    tables: list[str] = []
+    try:
+        for k, point in enumerate(SENDER_POINTS):
+            new = [f"t{k}a", f"t{k}b"]
+            tables += new
+            # New tables, and new rows in the first table's file (a deletion + a new file).
+            edge.write(gen_rows(new, 200) + (gen_rows(tables[:1], 5, ts0=1000 + k * 10) if k else []))
+            p = ship(edge, recv, "--once", env={"VREPL_KILLPOINT": point})
+            assert p.returncode == -9, f"{point}: {p.returncode} {p.stderr}"
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_OK, f"{point}: {p.stderr}"
+            want = edge.rows(tables)
+            got = receiver_rows(recv, 1, tables)
+            assert got == want, point
+            assert leftovers(recv) == [], point
+            assert sender_leftovers(edge) == [], point
+    finally:
+        recv.close()
+
+
+def test_cut_mid_file_resumes_from_the_receivers_offset(tmp_path, edge):
+    rows = [("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(120_000)]
+    edge.write(rows)
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once", env={"VREPL_KILLPOINT": "ship.sender.mid_file@2"})
+        assert p.returncode == -9, p.stderr
+        recv.wait_for("the receiver saw the cut", lambda: metric(recv, 1, "vrepl_ship_rounds_total",
+                                                                  outcome="cut") >= 1, 10, 0.1)
+        got_first = metric(recv, 1, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(os.path.join(edge.vg, "data"))
+                   for f in fs if f.endswith(".parquet"))
+        total = metric(recv, 1, "vrepl_ship_received_bytes_total")
+        assert size > 2_000_000
+        assert total <= size * 1.05, (total, size, got_first)
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+    finally:
+        recv.close()
+
+
+def test_second_sender_process_and_foreign_owner_are_refused(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    other = Edge(str(tmp_path), "other")
+    recv = receiver(tmp_path, 1)
+    try:
+        other.write(gen_rows(["cpu"], 10, ts0=5000))
+        # Two processes for the same data directory and receiver: the OS lock refuses one.
+        to = recv.nodes[1].replication
+        env = dict(os.environ, VREPL_SHIP_SECRET=SECRET)
+        first = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                             "--sender-id", "7", "--period", "60"),
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            recv.wait_for("the first round", lambda: len(recv.replica_rows(1, "cpu")) == 10, 30, 0.2)
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_IN_USE, p.stderr
+            assert "another vrepl ship runs" in p.stderr
+        finally:
+            first.terminate()
+            first.wait(10)
+        # Another sender (another UUID) shipping the same table: refused with the reason.
+        p = ship(other, recv, "--once", sender_id=8, secret=SECRET + "-8")
+        assert p.returncode == EXIT_REFUSED, p.stderr
+        assert "belongs to sender" in p.stderr and "a table has one source" in p.stderr
+        st = recv.status(1)["ship_senders"]
+        assert any("belongs to sender" in s["last_error"] for s in st)
+        assert len(recv.replica_rows(1, "cpu")) == 10
+        # The operator transfers the table; then the other sender may ship it.
+        uuid = open(os.path.join(other.vg, "ship", "uuid.txt")).read().strip()
+        o = subprocess.run(python_argv("-m", "vrepl.cli", "ship-owner", "--node", recv.nodes[1].http,
+                                       "--vgroup", str(VG), "cpu", "--to", uuid),
+                           capture_output=True, text=True, timeout=30)
+        assert o.returncode == 0, o.stderr
+        assert f"cpu\t{uuid}" in o.stdout
+        p = ship(other, recv, "--once", sender_id=8, secret=SECRET + "-8")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert len(recv.replica_rows(1, "cpu")) == 20
+    finally:
+        other.close()
+        recv.close()
+
+
+def test_kill_points_are_registered_and_unique():
+    assert set(SENDER_POINTS) >= {"ship.sender.after_snapshot", "ship.sender.after_log_start",
+                                  "ship.sender.mid_file", "ship.sender.after_file_sent",
+                                  "ship.sender.after_loaded_log", "ship.sender.after_done"}
+
