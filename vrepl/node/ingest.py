@@ -25,8 +25,9 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
         Raises IngestError (a RuntimeError) with `code` and `outcome`:
           code "bad_files" (IngestFileError, also a ValueError): a file fails its check;
               nothing was forwarded, the files stay in staging_dir() (outcome "not_written");
-          "not_master", "not_running", "needs_restore", "overloaded", "busy" (another round
-              is being staged): nothing was forwarded (outcome "not_written");
+          "not_master", "not_running", "needs_restore", "overloaded": nothing was
+              forwarded (outcome "not_written"); a file named by another round being
+              ingested at the same time is "bad_files";
           "unknown_outcome": forwarded, but not confirmed by a quorum in time or this node
               stepped down: the record may still be committed or cut (outcome "unknown");
               a producer retries with a round it can recognise (its own id in `meta`).
@@ -67,6 +68,7 @@ from vrepl.config import parse_endpoint
 from vrepl.errors import FrameError, VreplError
 from vrepl.killpoints import killpoint, register
 from vrepl.replica import ConfirmStatus
+from vrepl.replica.invariant import invariant
 from vrepl.restore import protocol as P
 from vrepl.restore.errors import PeerError, RestoreError
 from vrepl.restore.stream import SyncStream, connect_sync
@@ -223,6 +225,7 @@ class Rounds:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopped = False
         self._lock = threading.Lock()                   # counters touched by fetch threads
+        self._in_flight: set[str] = set()               # master: names of rounds being ingested
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -278,8 +281,22 @@ class Rounds:
         if reason is not None:
             self._count("rounds_refused")
             raise IngestFileError(reason)
+        busy = [f.name for f in files if f.name in self._in_flight]
+        if busy:
+            self._count("rounds_refused")
+            raise IngestFileError(f"{busy[0]}: named by another round being ingested now")
+        names = {f.name for f in files}
+        self._in_flight |= names
+        try:
+            return await self._ingest(files, kind, meta)
+        finally:
+            self._in_flight -= names
+
+    async def _ingest(self, files: list[IngestFile], kind: str,
+                      meta: dict[str, Any]) -> IngestResult:
+        host = self.host
         vnode = host.vnode
-        assert vnode is not None and host.loop is not None
+        invariant(vnode is not None and host.loop is not None, "ingest before start")
         loop = host.loop
         entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
                                                       vnode.schemas)
@@ -296,8 +313,14 @@ class Rounds:
             self._count("rounds_refused")
             raise IngestFileError(reason)
         killpoint(KP_MASTER_CHECKED)
-        await loop.run_in_executor(self.pool(), S.stage_round, self.path, rec, sources,
-                                   self.fsync)
+        try:
+            await loop.run_in_executor(self.pool(), S.stage_round, self.path, rec, sources,
+                                       self.fsync)
+        except OSError as exc:     # a file went away meanwhile, a full disk
+            await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
+            self._count("rounds_refused")
+            raise IngestFileError(f"cannot stage the round: {exc.strerror or exc}:"
+                                  f" {printable(str(exc.filename or ''))}") from None
         killpoint(KP_MASTER_STAGED)
         version = host.next_version
         err = self._refusal()
