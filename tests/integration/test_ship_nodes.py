@@ -22,8 +22,7 @@ from vrepl.killpoints import registered
 from vrepl.node.local import LocalCluster
 from vrepl.ship import protocol as P
 from vrepl.ship import sender as _sender  # noqa: F401  (registers the sender's kill points)
-from vrepl.ship.errors import (ERR_OWNER, ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER,
-                               EXIT_REFUSED, Refused)
+from vrepl.ship.errors import ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER, EXIT_REFUSED, Refused
 from vrepl.ship.stream import connect
 
 pytestmark = pytest.mark.timeout(240)

@@ -33,18 +33,48 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter
 
 from vrepl._core import crc32c as _crc
+from vrepl.errors import InvariantViolation
 from vrepl.killpoints import killpoint, register
 from vrepl.node.config import ShipSenderConfig
 from vrepl.node.ingest import IngestError, IngestFile
 from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
-from vrepl.ship.errors import (ERR_BAD_DATA, ERR_BUSY, ERR_CONFIG, ERR_DISK_FULL, ERR_IN_USE,
-                               ERR_LOAD, ERR_NOT_MASTER, ERR_OWNER, ERR_PROTOCOL, ERR_TYPE,
-                               ERR_UNSAFE_NAME, ERROR_NAMES, PeerGone, Refused, ShipError)
-from vrepl.ship.state import (LOG_DELETED_END, LOG_DELETED_START, LOG_END, LOG_LOADED,
-                              LOG_REMOVED, LOG_START, LOG_TSFILE_END, LOG_TSFILE_START,
-                              FileList, Key, SyncLog, entry_line, fsync_dir, parse_entry,
-                              remove_durable, write_durable)
+from vrepl.ship.errors import (
+    ERR_BAD_DATA,
+    ERR_BUSY,
+    ERR_CONFIG,
+    ERR_DISK_FULL,
+    ERR_IN_USE,
+    ERR_LOAD,
+    ERR_NOT_MASTER,
+    ERR_OWNER,
+    ERR_PROTOCOL,
+    ERR_TYPE,
+    ERR_UNSAFE_NAME,
+    ERROR_NAMES,
+    PeerGone,
+    Refused,
+    ShipError,
+    refused,
+)
+from vrepl.ship.state import (
+    LOG_DELETED_END,
+    LOG_DELETED_START,
+    LOG_END,
+    LOG_LOADED,
+    LOG_REMOVED,
+    LOG_START,
+    LOG_TSFILE_END,
+    LOG_TSFILE_START,
+    FileList,
+    Key,
+    SyncLog,
+    entry_line,
+    fsync_dir,
+    parse_entry,
+    remove_durable,
+    write_durable,
+)
 from vrepl.ship.stream import ShipStream
 from vrepl.transport import codec
 from vrepl.vnode.errors import ArchiveError
@@ -436,7 +466,8 @@ def recover(sd: SenderDirR, loader: "Session | None", keep_parts: bool = True) -
         if todo and loader is None:
             raise ShipError(f"{len(todo)} received files of round {rnd[0] if rnd else '?'} are not loaded yet")
         if todo:
-            assert loader is not None
+            if loader is None:
+                raise InvariantViolation("loader is not set")
             loader.load(todo)
             loaded |= {key_text(e.key) for e in todo}
             done.append(f"loaded {len(todo)} received files")
@@ -490,7 +521,7 @@ class Session:
     # -- errors ----------------------------------------------------------------------------------
     def refuse(self, code: int, reason: str) -> Refused:
         self.svc.m_refusals.labels(ERROR_NAMES.get(code, "other")).inc()
-        return Refused(code, reason)
+        return refused(code, reason)
 
     def run(self) -> None:
         uuid = None
@@ -569,7 +600,8 @@ class Session:
         if done:
             log.info("ship %s vg%d: recovered before the round: %s", uuid, vg.id, "; ".join(done))
         fl = sd.files()
-        assert self.status is not None
+        if self.status is None:
+            raise InvariantViolation("self.status is not set")
         self.status.files = len(fl.entries)
         digest = fl.digest()
         match = digest == b.last_digest and len(fl.entries) == b.last_files
@@ -671,7 +703,8 @@ class Session:
                 if have is not None and not type_accepts(have, typ):
                     raise self.refuse(ERR_TYPE, f"type conflict: {table}.{col} is {typ} on the sender,"
                                       f" {have} on the receiver; nothing of this round was staged")
-        assert self.round is not None
+        if self.round is None:
+            raise InvariantViolation("self.round is not set")
         why = self.svc.claim(self.vg, self.round.uuid.hex(), sorted(tables))
         if why:
             raise self.refuse(ERR_OWNER, why)
@@ -679,7 +712,8 @@ class Session:
         return sorted(tables)
 
     def _offer(self, msg: P.Offer) -> None:
-        assert self.sd is not None
+        if self.sd is None:
+            raise InvariantViolation("self.sd is not set")
         fl = self.sd.files()
         items = []
         for e in msg.entries:
@@ -709,13 +743,15 @@ class Session:
             self._load_received()
 
     def _log_received(self, e: P.FileEntry) -> None:
-        assert self.log is not None
+        if self.log is None:
+            raise InvariantViolation("self.log is not set")
         self.log.write([LOG_LOADED + entry_line(e)])
 
     def _data(self, msg: P.Data) -> None:
         """DATA: raw bytes of offer `index` from `offset`; checked against the whole-file
         CRC-32C announced in the offer once the file is complete."""
-        assert self.sd is not None
+        if self.sd is None:
+            raise InvariantViolation("self.sd is not set")
         e = self.offers.get(msg.index)
         if e is None:
             raise self.refuse(ERR_PROTOCOL, f"data for #{msg.index}, never offered")
@@ -778,7 +814,8 @@ class Session:
         """Load what was received (and verified) so far, then tell the sender."""
         if not self.received:
             return
-        assert self.sd is not None
+        if self.sd is None:
+            raise InvariantViolation("self.sd is not set")
         fl = self.sd.files()
         batch = [self.offers[i] for i in self.received]
         fresh = [e for e in batch if e.key not in fl.entries]
@@ -794,7 +831,8 @@ class Session:
     def load(self, files: list[P.FileEntry]) -> tuple[int, int]:
         """Ingest `files` (each in data/) by ingest records of at most MAX_ROUND_FILES files,
         writing load.log after each commits; (version, epoch) of the last record."""
-        assert self.sd is not None
+        if self.sd is None:
+            raise InvariantViolation("self.sd is not set")
         sd, vg = self.sd, self.vg
         version = epoch = 0
         for k in range(0, len(files), MAX_ROUND_FILES):

@@ -33,7 +33,7 @@ from typing import Any
 
 from vrepl.config import parse_endpoint
 from vrepl.dirlock import DirInUseError, lock_dir
-from vrepl.errors import ConfigError
+from vrepl.errors import CliError, ConfigError
 from vrepl.ship.errors import (EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE,
                                ShipError)
 from vrepl.ship.sender import RoundResult, Sender, SenderOptions
@@ -95,38 +95,32 @@ def add_parsers(sub: Any) -> None:
     o.set_defaults(func=run_owner)
 
 
-class _Fail(Exception):
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
-
-
 def _options(args: argparse.Namespace) -> SenderOptions:
     if args.secret_file:
         try:
             with open(args.secret_file, "rb") as fh:
                 secret = fh.read().strip()
         except OSError as exc:
-            raise _Fail(f"{args.secret_file}: {exc.strerror}", EXIT_USAGE) from None
+            raise CliError(f"{args.secret_file}: {exc.strerror}", EXIT_USAGE) from None
     else:
         secret = os.environ.get(SECRET_ENV, "").encode()
     if not secret:
-        raise _Fail(f"no sender secret: pass --secret-file or set ${SECRET_ENV}", EXIT_USAGE)
+        raise CliError(f"no sender secret: pass --secret-file or set ${SECRET_ENV}", EXIT_USAGE)
     try:
         addresses = [parse_endpoint(a.strip()) for a in args.to.split(",") if a.strip()]
     except (ConfigError, ValueError) as exc:
-        raise _Fail(f"--to {args.to!r}: {exc}", EXIT_USAGE) from None
+        raise CliError(f"--to {args.to!r}: {exc}", EXIT_USAGE) from None
     if not addresses:
-        raise _Fail("--to names no address", EXIT_USAGE)
+        raise CliError("--to names no address", EXIT_USAGE)
     for name in ("retries", "file_retries", "vgroup", "sender_id"):
         if getattr(args, name) < (0 if name in ("retries", "vgroup") else 1):
-            raise _Fail(f"--{name.replace('_', '-')} is out of range: {getattr(args, name)}", EXIT_USAGE)
+            raise CliError(f"--{name.replace('_', '-')} is out of range: {getattr(args, name)}", EXIT_USAGE)
     if args.period is not None and args.period <= 0:
-        raise _Fail("--period must be positive", EXIT_USAGE)
+        raise CliError("--period must be positive", EXIT_USAGE)
     if args.timeout <= 0:
-        raise _Fail("--timeout must be positive", EXIT_USAGE)
+        raise CliError("--timeout must be positive", EXIT_USAGE)
     if not os.path.isdir(args.data):
-        raise _Fail(f"--data {args.data}: not a directory", EXIT_USAGE)
+        raise CliError(f"--data {args.data}: not a directory", EXIT_USAGE)
     return SenderOptions(data=args.data, addresses=addresses, receiver=args.to.split(",")[0].strip(),
                          sender_id=args.sender_id, secret=secret, vgroup=args.vgroup, uuid=args.uuid,
                          resync=args.resync, file_retries=args.file_retries, io_timeout_s=args.timeout,
@@ -177,7 +171,7 @@ class _Bar:
 def run_ship(args: argparse.Namespace) -> int:
     try:
         opt = _options(args)
-    except _Fail as exc:
+    except CliError as exc:
         _err(str(exc))
         return exc.code
     sdir = SenderDir(opt.data, opt.receiver, opt.vgroup, fsync=opt.fsync)

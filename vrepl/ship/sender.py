@@ -29,6 +29,7 @@ from typing import Callable
 
 from vrepl._core import crc32c as _crc
 from vrepl.killpoints import killpoint, register
+from vrepl.errors import InvariantViolation
 from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import (ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError, StateError,
@@ -286,7 +287,8 @@ class Sender:
     def _session(self, stream: ShipStream, m: Manifest, last: FileList, now: dict[Key, P.FileEntry],
                  deleted: list[P.FileEntry], new: list[P.FileEntry], t0: float) -> RoundResult:
         opt, res = self.opt, self._res
-        assert self.uuid is not None
+        if self.uuid is None:
+            raise InvariantViolation("self.uuid is not set")
         begin = P.Begin(res.seq, bytes.fromhex(self.uuid), res.round_id, last.round_id,
                         P.FLAG_RESYNC if opt.resync else 0, m.precision, m.file_span_ms,
                         len(last.entries), last.digest(), len(deleted), len(new),
@@ -331,7 +333,8 @@ class Sender:
             if replies.error is not None:
                 raise replies.error
             done = replies.done
-            assert done is not None
+            if done is None:
+                raise InvariantViolation("done is not set")
         finally:
             if not replies.finished.is_set():
                 stream.close()

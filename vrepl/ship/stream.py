@@ -18,7 +18,7 @@ from vrepl.errors import FrameError
 from vrepl.restore.errors import PeerError
 from vrepl.restore.stream import SyncStream
 from vrepl.ship import protocol as P
-from vrepl.ship.errors import PeerGone, Refused
+from vrepl.ship.errors import PeerGone, refused
 from vrepl.transport import codec
 from vrepl.transport.handshake import ClientHandshake, HandshakeError
 from vrepl.untrusted import printable
@@ -59,7 +59,7 @@ class ShipStream:
             raise PeerGone(f"{self.peer}: {exc}") from None
         if type(msg) is P.Error:
             # The reason is the peer's text: escaped before it reaches a log or a terminal.
-            raise Refused(msg.code, printable(msg.reason))
+            raise refused(msg.code, printable(msg.reason))
         return msg
 
     def recv_raw(self, size: int, sink: Callable[[memoryview], None], buffers: int = 1) -> None:
