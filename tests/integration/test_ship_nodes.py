@@ -11,6 +11,7 @@ sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import urllib.request
 
@@ -313,6 +314,10 @@ def test_second_sender_process_and_foreign_owner_are_refused(tmp_path, edge):
         assert "belongs to sender" in p.stderr and "a table has one source" in p.stderr
         st = recv.status(1)["ship_senders"]
         assert any("belongs to sender" in s["last_error"] for s in st)
+        shown = subprocess.run(python_argv("-m", "vrepl.cli", "status", "--node", recv.nodes[1].http),
+                               capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert "ship sender" in shown.stdout and "belongs to sender" in shown.stdout.replace("\n", " ")
         assert len(recv.replica_rows(1, "cpu")) == 10
         # The operator transfers the table; then the other sender may ship it.
         uuid = open(os.path.join(other.vg, "ship", "uuid.txt")).read().strip()
@@ -334,3 +339,25 @@ def test_kill_points_are_registered_and_unique():
                                   "ship.sender.mid_file", "ship.sender.after_file_sent",
                                   "ship.sender.after_loaded_log", "ship.sender.after_done"}
 
+
+
+def test_type_conflict_refuses_the_round_before_anything_is_staged(tmp_path, edge):
+    edge.write([("cpu", i, {"x": f"text-{i}"}) for i in range(10)])     # x is a string here
+    recv = receiver(tmp_path, 1)
+    try:
+        cl = recv.client()
+        cl.write(VG, [("cpu", 100 + i, {"x": float(i)}) for i in range(5)])  # ... and a float there
+        cl.close()
+        recv.kill(1, signal.SIGTERM)                  # archive the receiver's own rows
+        recv.start(1)
+        recv.wait_master()
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://{recv.nodes[1].http}/v1/vgroups/{VG}/ship/owners",
+            data=b'{"table": "cpu", "owner": null}', method="POST"), timeout=5).read()
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_REFUSED, p.stderr
+        assert "type conflict: cpu.x is str on the sender, float on the receiver" in p.stderr
+        assert leftovers(recv) == []
+        assert len(recv.replica_rows(1, "cpu")) == 5
+    finally:
+        recv.close()

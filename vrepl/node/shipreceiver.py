@@ -803,6 +803,8 @@ class Session:
         if self.svc.fsync:
             fsync_dir(os.path.dirname(path))
         self._log_received(e)
+        if self.status is not None:
+            self.status.files_behind = max(0, self.status.files_behind - 1)
         killpoint(KP_RECEIVED)
         self.received.append(msg.index)
         self.stream.send(P.Result(msg.index, P.RESULT_OK))
