@@ -81,7 +81,6 @@ def add_parsers(sub: Any) -> None:
                    help="reconcile with the receiver's list of this sender's files even if the digests agree")
     s.add_argument("--bind", metavar="ADDR", help="source address of the connection")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--no-fsync", action="store_true", help=argparse.SUPPRESS)
     s.set_defaults(func=run_ship)
 
     o = sub.add_parser("ship-owner", help="show, release or transfer the owner of a shipped table on a receiver")
@@ -124,7 +123,7 @@ def _options(args: argparse.Namespace) -> SenderOptions:
     return SenderOptions(data=args.data, addresses=addresses, receiver=args.to.split(",")[0].strip(),
                          sender_id=args.sender_id, secret=secret, vgroup=args.vgroup, uuid=args.uuid,
                          resync=args.resync, file_retries=args.file_retries, io_timeout_s=args.timeout,
-                         fsync=not args.no_fsync, bind=args.bind)
+                         bind=args.bind)
 
 
 class _Bar:
