@@ -361,3 +361,40 @@ def test_type_conflict_refuses_the_round_before_anything_is_staged(tmp_path, edg
         assert len(recv.replica_rows(1, "cpu")) == 5
     finally:
         recv.close()
+
+
+RECEIVER_POINTS = ["ship.receiver.after_receive", "ship.receiver.after_ingest",
+                   "ship.receiver.after_load_log", "ship.receiver.after_sync_end"]
+
+
+def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
+    """SIGKILL of the receiving node at each of its ship kill points; after a restart the
+    next round converges: the receiver holds exactly the edge's rows, nothing left staged."""
+    from vrepl.node import shipreceiver  # noqa: F401  (registers the receiver's kill points)
+
+    assert set(RECEIVER_POINTS) == set(registered("ship.receiver."))
+    recv = receiver(tmp_path, 1)
+    tables: list[str] = []
+    try:
+        for k, point in enumerate(RECEIVER_POINTS):
+            new = [f"r{k}a", f"r{k}b"]
+            tables += new
+            edge.write(gen_rows(new, 200) + (gen_rows(tables[:1], 5, ts0=1000 + k * 10) if k else []))
+            recv.kill(1, signal.SIGTERM)
+            monkeypatch.setenv("VREPL_KILLPOINT", point)
+            recv.start(1)
+            monkeypatch.delenv("VREPL_KILLPOINT")
+            recv.wait_master()
+            p = ship(edge, recv, "--once", "--retries", "0")
+            assert p.returncode != EXIT_OK, f"{point}: {p.stdout}"
+            recv.wait_for(f"the node died at {point}", lambda: not recv.nodes[1].alive(), 10, 0.1)
+            recv.start(1)
+            recv.wait_master()
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_OK, f"{point}: {p.stderr}"
+            want = edge.rows(tables)
+            assert receiver_rows(recv, 1, tables) == want, point
+            assert leftovers(recv) == [], point
+            assert sender_leftovers(edge) == [], point
+    finally:
+        recv.close()
