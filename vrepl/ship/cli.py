@@ -12,9 +12,9 @@ Exit codes (docs/ship.md §8.2): 0 done, 1 a file is corrupt (kept failing its c
 the sender's own copy is damaged), 2 usage (bad argument, no secret, not a vnode directory,
 unusable state directory), 3 interrupted, 4 the receiver is unreachable, not the master, busy
 or broke off (after --retries), 5 a hostile name was refused, 6 no space left on the
-receiver, 7 the receiver refused the round (a table owned by another source, a type
-conflict, another precision or file span), 8 another `vrepl ship` runs for this data
-directory and receiver, or this sender UUID is shipping from elsewhere (a clone).
+receiver, 8 another `vrepl ship` runs for this data directory and receiver, or this sender
+UUID is shipping from elsewhere (a clone), 9 the receiver refused the round (a table owned by
+another source, a type conflict, another precision or file span).
 Text from the receiver is escaped before it is printed (vrepl/untrusted.py).
 Must not: write into the vnode's directory outside `<data>/ship/`.
 """
@@ -56,7 +56,12 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("ship", help="ship a vnode's sealed archived files to a receiving vrepl node",
                        description="Ship the sealed archived files of one vnode directory to a"
                        " vgroup of a receiving vrepl node (docs/ship.md). Each round ships the files"
-                       " deleted and added since the last round the receiver confirmed.")
+                       " deleted and added since the last round the receiver confirmed.",
+                       epilog="exit codes: 0 done, 1 a file is corrupt or was given up, 2 usage, 3 interrupted,"
+                       " 4 receiver unreachable/not master/busy/broke off (after --retries), 5 hostile name,"
+                       " 6 receiver disk full, 8 another vrepl ship runs for this directory and receiver (or"
+                       " this UUID ships from elsewhere), 9 refused (owner or type conflict, other precision"
+                       " or file span). docs: docs/ship.md")
     s.add_argument("--to", required=True, metavar="HOST:PORT[,HOST:PORT...]",
                    help="the receiving vgroup's nodes, at their replication port; the master is found")
     s.add_argument("--data", required=True, metavar="DIR",
