@@ -23,7 +23,7 @@ from vrepl.killpoints import registered
 from vrepl.node.local import LocalCluster
 from vrepl.ship import protocol as P
 from vrepl.ship import sender as _sender  # noqa: F401  (registers the sender's kill points)
-from vrepl.ship.errors import ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER, EXIT_REFUSED, Refused
+from vrepl.ship.errors import ERR_BAD_DATA, ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER, EXIT_REFUSED, Refused
 from vrepl.ship.stream import connect
 
 pytestmark = pytest.mark.timeout(240)
@@ -396,5 +396,64 @@ def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
             assert receiver_rows(recv, 1, tables) == want, point
             assert leftovers(recv) == [], point
             assert sender_leftovers(edge) == [], point
+    finally:
+        recv.close()
+
+
+def _hostile_session(recv: LocalCluster):
+    host, port = recv.nodes[1].replication.split(":")
+    s = connect(host, int(port), secret=(SECRET + "-8").encode(), sender_id=8, vgroup=VG)
+    s.send(P.Begin(1, bytes(range(16)), 5, 0, 0, "ms", SPAN_MS, 0, bytes(32), 0, 1, 10, "liar"))
+    assert type(s.recv()) is P.State
+    s.send(P.Schema(b'{"tables":{"cpu":{"x":"float"}}}'))
+    s.send(P.SchemaEnd(1))
+    assert type(s.recv()) is P.SchemaOk
+    s.send(P.Offer((P.FileEntry(0, "cpu", 0, 10, 0x1234, 1, "data/cpu/b0-v1.parquet"),)))
+    want = s.recv()
+    assert type(want) is P.Want and want.items == ((0, P.WANT_SEND, 0),)
+    return s
+
+
+def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
+    recv = receiver(tmp_path, 1)
+    try:
+        # Bytes that do not match the announced checksum: RESULT bad, nothing kept.
+        s = _hostile_session(recv)
+        try:
+            s.send(P.Data(0, 0, 10))
+            s.raw.send_bytes(b"0123456789")
+            res = s.recv()
+            assert type(res) is P.Result and res.status == P.RESULT_BAD and "announced 0x00001234" in res.reason
+        finally:
+            s.close()
+        # More bytes than the offer announced: refused before a byte is written.
+        s = _hostile_session(recv)
+        try:
+            s.send(P.Data(0, 0, 20))
+            with pytest.raises(Refused) as ei:
+                s.recv()
+            assert ei.value.code == ERR_BAD_DATA and "the file is 10 B" in ei.value.reason
+        finally:
+            s.close()
+        assert recv.replica_rows(1, "cpu") == []
+        # The cut round keeps its sync.log until the sender's next BEGIN (docs/ship.md §5.2);
+        # no received byte is kept: the bad file was deleted, the oversized one never written.
+        recv.wait_for("the sessions ended", lambda: recv.status(1)["ship_senders"][0]["connected"] is False, 10, 0.1)
+        assert [f for f in leftovers(recv) if not f.endswith(("sync.log", "load.log"))] == []
+    finally:
+        recv.close()
+
+
+def test_a_sender_whose_address_changes_stays_the_owner(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once", "--bind", "127.0.0.1").returncode == EXIT_OK
+        edge.write(gen_rows(["cpu"], 10, ts0=100))
+        p = ship(edge, recv, "--once", "--bind", "127.0.0.2")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert len(recv.replica_rows(1, "cpu")) == 20
+        st = recv.status(1)["ship_senders"]
+        assert len(st) == 1 and st[0]["peer"].startswith("127.0.0.2:")
     finally:
         recv.close()
