@@ -463,6 +463,13 @@ def recover(sd: SenderDirR, loader: "Session | None", keep_parts: bool = True) -
             # Never recorded as loaded: the sender's next round offers it again.
             done.append(f"{len(missing)} received files are gone from data/: shipped again")
             todo = [e for e in todo if os.path.exists(sd.data_file(e))]
+        damaged = [e for e in todo if _crc_of(sd.data_file(e)) != e.magic]
+        if damaged:
+            # Received before a crash whose bytes never all reached the disk: sent again.
+            for e in damaged:
+                os.unlink(sd.data_file(e))
+            done.append(f"{len(damaged)} received files were damaged by a crash: shipped again")
+            todo = [e for e in todo if e not in damaged]
         if todo and loader is None:
             raise ShipError(f"{len(todo)} received files of round {rnd[0] if rnd else '?'} are not loaded yet")
         if todo:
@@ -485,6 +492,15 @@ def recover(sd: SenderDirR, loader: "Session | None", keep_parts: bool = True) -
     _clean_data(sd, keep_parts)
     done.append(f"folded sync.log ({len(received)} received, {len(deleted)} deleted)")
     return done
+
+
+def _crc_of(path: str) -> int:
+    """CRC-32C of a file's bytes, 1 if that is 0 (the vnode's magic)."""
+    crc = 0
+    with open(path, "rb", buffering=0) as fh:
+        while chunk := fh.read(16 << 20):
+            crc = _crc.crc32c(chunk, crc)
+    return crc or 1
 
 
 def _clean_data(sd: SenderDirR, keep_parts: bool) -> None:
@@ -745,7 +761,7 @@ class Session:
     def _log_received(self, e: P.FileEntry) -> None:
         if self.log is None:
             raise InvariantViolation("self.log is not set")
-        self.log.write([LOG_LOADED + entry_line(e)])
+        self.log.write([LOG_LOADED + entry_line(e)], durable=False)
 
     def _data(self, msg: P.Data) -> None:
         """DATA: raw bytes of offer `index` from `offset`; checked against the whole-file
@@ -777,13 +793,15 @@ class Session:
             os.lseek(fd, msg.offset, os.SEEK_SET)
             state = [crc]
 
+            counter = self.svc.m_bytes.labels(str(self.vg.id))
+
             def sink(view: memoryview) -> None:
                 state[0] = _crc.crc32c(view, state[0])
                 os.write(fd, view)
+                counter.inc(len(view))      # as it arrives: a cut transfer counts what came
+                self.bytes_in += len(view)
 
             self.stream.recv_raw(msg.size, sink)
-            self.bytes_in += msg.size
-            self.svc.m_bytes.labels(str(self.vg.id)).inc(msg.size)
             if self.status is not None:
                 self.status.bytes_behind = max(0, self.status.bytes_behind - msg.size)
             if (state[0] or 1) != e.magic:
@@ -794,14 +812,15 @@ class Session:
                 self.stream.send(P.Result(msg.index, P.RESULT_BAD,
                                           f"checksum {state[0] or 1:#010x}, announced {e.magic:#010x}"))
                 return
-            if self.svc.fsync:
-                os.fsync(fd)
+            # No fsync here: ingest fsyncs the file when it stages it (docs/vnode.md §9.1); a
+            # file a crash damaged before its load fails the CRC check of recovery and is
+            # sent again (recover()).
         finally:
             if fd >= 0:
                 os.close(fd)
+        # The rename and the sync.log line become durable before the file is loaded
+        # (_load_received): a crash before that loses them, and the sender sends the file again.
         os.replace(part, path)
-        if self.svc.fsync:
-            fsync_dir(os.path.dirname(path))
         self._log_received(e)
         if self.status is not None:
             self.status.files_behind = max(0, self.status.files_behind - 1)
@@ -818,6 +837,10 @@ class Session:
             return
         if self.sd is None:
             raise InvariantViolation("self.sd is not set")
+        if self.log is not None:
+            self.log.sync()
+        if self.svc.fsync:
+            fsync_dir(self.sd.p(DATA_DIR))
         fl = self.sd.files()
         batch = [self.offers[i] for i in self.received]
         fresh = [e for e in batch if e.key not in fl.entries]
@@ -848,10 +871,13 @@ class Session:
                 specs.append(IngestFile(f"{sub}/{n}.parquet", e.table, sd.origin, e.size, e.magic))
             meta = {"sender": sd.uuid, "round": self.round.round_id if self.round else 0,
                     "seq": self.round.seq if self.round else 0}
+            t0 = time.monotonic()
             try:
                 res = self._ingest(specs, meta)
             finally:
                 _remove_tree(incoming)
+            log.info("ship %s vg%d: %d files loaded by record v%d in %.3f s", sd.uuid, vg.id, len(batch),
+                     res.version, time.monotonic() - t0)
             killpoint(KP_INGESTED)
             sd.append_load_log([LOAD_LINE + key_text(e.key) for e in batch])
             killpoint(KP_LOAD_LOGGED)

@@ -182,12 +182,17 @@ class SyncLog:
         self.fsync = fsync
         self._fh = open(path, "a", encoding="utf-8")
 
-    def write(self, lines: Iterable[str]) -> None:
+    def write(self, lines: Iterable[str], durable: bool = True) -> None:
+        """Append `lines`; fsynced now unless `durable` is False (then by the next sync())."""
         text = "".join(line + "\n" for line in lines)
         if not text:
             return
         self._fh.write(text)
         self._fh.flush()
+        if self.fsync and durable:
+            os.fsync(self._fh.fileno())
+
+    def sync(self) -> None:
         if self.fsync:
             os.fsync(self._fh.fileno())
 
