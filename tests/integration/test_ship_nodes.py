@@ -457,3 +457,26 @@ def test_a_sender_whose_address_changes_stays_the_owner(tmp_path, edge):
         assert len(st) == 1 and st[0]["peer"].startswith("127.0.0.2:")
     finally:
         recv.close()
+
+
+def test_on_flush_ships_each_time_the_vnode_archives(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    recv = receiver(tmp_path, 1)
+    try:
+        to = recv.nodes[1].replication
+        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        env["VREPL_SHIP_SECRET"] = SECRET
+        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                            "--sender-id", "7", "--on-flush"),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            recv.wait_for("the first round", lambda: len(recv.replica_rows(1, "cpu")) == 10, 30, 0.2)
+            edge.write(gen_rows(["cpu"], 10, ts0=100))        # the edge flushes: its manifest changes
+            recv.wait_for("the round after the flush", lambda: len(recv.replica_rows(1, "cpu")) == 20, 30, 0.2)
+        finally:
+            proc.terminate()
+            out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 3, err       # SIGTERM: interrupted (docs/ship.md §8.2)
+        assert "new files loaded" in out, out
+    finally:
+        recv.close()

@@ -16,6 +16,7 @@ anything (progress goes through `progress(kind, n)`), or write into the vnode's 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -34,7 +35,7 @@ from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import (ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError, StateError,
                                UnsafeName)
-from vrepl.ship.state import (SYNC_LOG, FileList, Key, SenderDir, SyncLog, LOG_DELETED_END,
+from vrepl.ship.state import (SYNC_LOG, fsync_dir, load_uuid, FileList, Key, SenderDir, SyncLog, LOG_DELETED_END,
                               LOG_DELETED_START, LOG_END, LOG_LOADED, LOG_REMOVED,
                               LOG_TSFILE_END, LOG_TSFILE_START, digest_of_keys, entry_line)
 from vrepl.ship.stream import ShipStream, connect
@@ -230,7 +231,6 @@ class Sender:
         a failure is kept (sync.log), and the next round continues from there."""
         t0 = time.monotonic()
         opt = self.opt
-        from vrepl.ship.state import load_uuid
         uuid, note = load_uuid(opt.data, given=opt.uuid, fsync=opt.fsync)
         self.uuid = uuid
         self.sdir.ensure()
@@ -417,7 +417,6 @@ class Sender:
                 raise ShipError(f"{e.name} is {os.lstat(dst).st_size} bytes on disk, the manifest says {e.size}")
             out[e.key] = dst
         if self.opt.fsync:
-            from vrepl.ship.state import fsync_dir
             fsync_dir(snap)
         missing = [e for e in new if e.key not in out]
         if missing:
@@ -429,13 +428,11 @@ class Sender:
     def _schema(self, stream: ShipStream, m: Manifest, new: list[P.FileEntry]) -> None:
         """Table types first (seed: 同步 schema before the data): every table of the round,
         with its columns where they changed since the receiver last accepted them."""
-        import json
         known = self.sdir.read_schema()
         tables: dict[str, dict[str, str] | None] = {}
         for e in new:
             cols = m.schemas.get(e.table, {})
             tables[e.table] = None if known.get(e.table) == cols else cols
-        body = json.dumps({"tables": tables}, separators=(",", ":")).encode()
         # Chunks of whole tables, each a JSON document of its own.
         items = list(tables.items())
         chunk: dict[str, object] = {}
@@ -449,7 +446,6 @@ class Sender:
             size += piece
         if chunk or not items:
             stream.send(P.Schema(json.dumps({"tables": chunk}, separators=(",", ":")).encode()))
-        del body
         stream.send(P.SchemaEnd(len(tables)))
         ok = stream.recv()
         if type(ok) is not P.SchemaOk:
