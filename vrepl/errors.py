@@ -142,6 +142,32 @@ class ListenError(VreplError, OSError):
         return str(self.strerror)
 
 
+# -- rounds of ingested files (vrepl/node/ingest.py, docs/vnode.md §9) ---------------------------
+
+class IngestError(VreplError, RuntimeError):
+    """A round that was refused or whose outcome is unknown: `code` (bad_files, not_master,
+    not_running, needs_restore, overloaded, unknown_outcome), `outcome` (not_written,
+    unknown) and, once forwarded, the record's `version`."""
+
+    def __init__(self, code: str, message: str, outcome: str = "not_written",
+                 version: int | None = None):
+        self.code = code
+        self.outcome = outcome
+        self.version = version
+        super().__init__(message)
+
+
+class IngestFileError(IngestError, ValueError):
+    """A file of the round fails its check (code "bad_files"); nothing was forwarded."""
+
+    def __init__(self, message: str):
+        super().__init__("bad_files", message)
+
+
+class FetchFailed(VreplError, RuntimeError):
+    """No replica could give this one the files of a round (this time; retried)."""
+
+
 # -- the client (vrepl/client.py) -------------------------------------------------------------
 
 class ClientError(VreplError):

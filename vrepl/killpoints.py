@@ -13,7 +13,8 @@ Arming:
   With `:stop` the process SIGSTOPs itself instead (every thread freezes there until a
   SIGCONT): a test changes the world at that exact step, then lets it go on.
 * `arm(name, action, hit=1)` in-process (unit tests): `action()` runs instead of the kill,
-  typically raising SimulatedCrash; `disarm()` clears everything.
+  typically raising a BaseException of the test's (no `except Exception` on the way may
+  swallow the crash); `disarm()` clears everything.
 
 An armed name that no module registered is refused (KeyError with the known names) the
 first time any kill point is reached, so a typo cannot make a crash test pass vacuously;
@@ -34,11 +35,6 @@ _registry: dict[str, str] = {}
 _armed: dict[str, list] = {}   # name -> [hit number, action / signal / None (kill), hits]
 _env_read = False
 _lock = threading.Lock()
-
-
-class SimulatedCrash(BaseException):
-    """Raised by an in-process armed kill point (a BaseException: no `except Exception`
-    on the way may swallow the crash)."""
 
 
 def register(name: str, doc: str) -> str:

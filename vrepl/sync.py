@@ -175,7 +175,7 @@ class SyncCallbacks:
     Ingested rounds (docs/vnode.md §9): serve_fetch(stream, node) on a thread of its own, for a
     FETCH connection from another replica (the app answers its requests; the instance closes
     the stream after); get_acked_version() once at start: the highest version the app may
-    acknowledge (what it persisted as acks promise; default the WAL's end).
+    acknowledge (what it persisted as acks promise), or None (default): the WAL's end.
     """
 
     write_to_cache: Callable[[int, bytes], Any] | None = None
@@ -193,7 +193,7 @@ class SyncCallbacks:
     file_magic: Callable[[str], int] | None = None
     notify_restore: Callable[[str, str], Any] | None = None
     serve_fetch: Callable[[Any, int], Any] | None = None
-    get_acked_version: Callable[[], int] | None = None
+    get_acked_version: Callable[[], int | None] | None = None
 
 
 @dataclass

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import threading
-import time
 
 import pytest
 

@@ -25,12 +25,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("process", ("vrepl.node", "arbitrator")),      # the node and arbitrator processes
     ("sync", ("vrepl.sync", "vrepl.spark")),        # the embedding API; the validation job
     ("edge", ("vrepl.transport", "vrepl.restore", "vrepl.vnode", "vrepl.config",
-              "vrepl.client", "vrepl.ship")),       # sockets, restore, the vnode, settings, ship
+              "vrepl.client", "vrepl.ship")),                     # sockets, restore, the vnode, settings
     ("wal", ("vrepl.wal",)),                        # the log: written by the sync, read by all
     ("replica", ("vrepl.replica",)),                # events in, actions out
     ("core", ("vrepl._core",)),                     # Cython, no I/O
     ("base", ("vrepl", "vrepl.errors", "vrepl.exitcodes", "vrepl.untrusted", "vrepl.child",
-              "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed", "vrepl.killpoints")),  # leaves every layer uses
+              "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed", "vrepl.killpoints")),  # leaves
 )
 # Prefixes that name one module only, not the modules under it ("vrepl" is the package's
 # __init__, its version; every other module of vrepl must be placed on purpose).

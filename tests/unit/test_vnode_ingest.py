@@ -26,6 +26,11 @@ DAY_MS = 86_400_000
 CFG = VnodeConfig(file_span_ms=DAY_MS)
 
 
+class SimulatedCrash(BaseException):
+    """An armed kill point's crash, in process (a BaseException: no `except Exception` on
+    the way may swallow it)."""
+
+
 def open_wal(path) -> WalWriter:
     return WalWriter(os.path.join(path, "wal"), WalOptions(durability="fsync"))
 
@@ -308,9 +313,9 @@ def test_crash_at_each_apply_step_converges(tmp_path, point):
                            (9, -9, "w")]
     path = str(tmp_path / "crash")
     v, wal = _scenario(path)
-    killpoints.arm(point, lambda: (_ for _ in ()).throw(killpoints.SimulatedCrash(point)))
+    killpoints.arm(point, lambda: (_ for _ in ()).throw(SimulatedCrash(point)))
     try:
-        with pytest.raises(killpoints.SimulatedCrash):
+        with pytest.raises(SimulatedCrash):
             v.flush(None, 3)
     finally:
         killpoints.disarm()

@@ -56,31 +56,30 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
+import functools
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
 from vrepl._core import crc32c as _crc
 from vrepl.config import parse_endpoint
-from vrepl.errors import FrameError, VreplError
+from vrepl.errors import FetchFailed, FrameError, IngestError, IngestFileError
 from vrepl.killpoints import killpoint, register
 from vrepl.replica import ConfirmStatus
-from vrepl.replica.invariant import invariant
 from vrepl.restore import protocol as P
 from vrepl.restore.errors import PeerError, RestoreError
 from vrepl.restore.stream import SyncStream, connect_sync
-from vrepl.sync import FlowControlError, NotRunningError
+from vrepl.node.config import NodeConfig, VgroupSpec
+from vrepl.sync import FlowControlError, NotRunningError, SyncInstance
 from vrepl.transport.codec import ConnKind
 from vrepl.untrusted import printable
+from vrepl.vnode import Vnode
 from vrepl.vnode import staging as S
 from vrepl.vnode.errors import VnodeError
 from vrepl.vnode.rows import NOOP_PAYLOAD, TABLE_NAME_RE
 
-if TYPE_CHECKING:
-    from vrepl.node.vgroup import VgroupHost
 
 log = logging.getLogger("vrepl.node")
 
@@ -126,28 +125,6 @@ class IngestResult(NamedTuple):
     rows: int            # rows in the round's files
     files: int
     applied: bool        # archived on this node already (rows visible in queries here)
-
-
-class IngestError(VreplError, RuntimeError):
-    """A round that was refused or whose outcome is unknown (`code`, `outcome`)."""
-
-    def __init__(self, code: str, message: str, outcome: str = "not_written",
-                 version: int | None = None):
-        self.code = code
-        self.outcome = outcome
-        self.version = version
-        super().__init__(message)
-
-
-class IngestFileError(IngestError, ValueError):
-    """A file of the round fails its check (code "bad_files"); nothing was forwarded."""
-
-    def __init__(self, message: str):
-        super().__init__("bad_files", message)
-
-
-class FetchFailed(VreplError, RuntimeError):
-    """No replica could give this one the files of a round (this time; retried)."""
 
 
 def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any) -> str | None:
@@ -207,12 +184,36 @@ class _Job:
             stream.close()
 
 
+class IngestHost(Protocol):
+    """What Rounds needs of its VgroupHost (vrepl/node/vgroup.py, which owns a Rounds: not
+    imported here, so the two modules do not import each other)."""
+
+    id: int
+    node_id: int
+    path: str
+    node_cfg: NodeConfig
+    spec: VgroupSpec
+    vnode: Vnode | None
+    sync: SyncInstance | None
+    loop: asyncio.AbstractEventLoop | None
+    state: str
+    role: str
+    epoch: int
+    master: int | None
+    next_version: int
+    stopping: bool
+
+    def _role_now(self) -> tuple[str, int | None]: ...
+
+    def _maybe_flush(self) -> None: ...
+
+
 class Rounds:
     """The ingest side of one VgroupHost: the master API, staging a round's files on every
     replica, acking in version order, and serving fetches (see the module doc). Runs on the
     I/O thread except where a method says otherwise."""
 
-    def __init__(self, host: "VgroupHost") -> None:
+    def __init__(self, host: IngestHost) -> None:
         self.host = host
         self.forwarded: dict[int, _Forwarded] = {}      # master: version -> outcome awaited
         self.noops: dict[int, int] = {}                 # master: nudge no-ops -> epoch
@@ -295,9 +296,9 @@ class Rounds:
     async def _ingest(self, files: list[IngestFile], kind: str,
                       meta: dict[str, Any]) -> IngestResult:
         host = self.host
-        vnode = host.vnode
-        invariant(vnode is not None and host.loop is not None, "ingest before start")
-        loop = host.loop
+        vnode, loop = host.vnode, host.loop
+        if vnode is None or loop is None:       # closed by a stop or a self-restore meanwhile
+            raise IngestError("not_running", f"vg{host.id}: this node is not serving the vgroup")
         entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
                                                       vnode.schemas)
         rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries))
@@ -382,8 +383,8 @@ class Rounds:
                 raise IngestFileError(str(exc)) from None
             reason, entry = S.check_file(full, f.name, f.table, f.origin, cfg, schemas,
                                          f.size, f.crc32c)
-            if reason is not None:
-                raise IngestFileError(reason)
+            if reason is not None or entry is None:
+                raise IngestFileError(reason or f"{f.name}: not checked")
             entries.append(entry)
             sources.append(full)
         return entries, sources
@@ -477,7 +478,7 @@ class Rounds:
     def acked_version_at_start(self) -> int | None:
         """(SyncCallbacks.get_acked_version) The records above the first round whose files
         are not staged here must not be acked for the app when the instance starts."""
-        first = self.host.vnode.first_unstaged_ingest() if self.host.vnode else None  # type: ignore[union-attr]
+        first = self.host.vnode.first_unstaged_ingest() if self.host.vnode else None
         return None if first is None else first - 1
 
     def ack_bound(self, last: int) -> int:
@@ -526,7 +527,7 @@ class Rounds:
             return
         job.timer = None
         fut = self.host.loop.run_in_executor(self.pool(), self._stage_job, job)  # type: ignore[union-attr]
-        fut.add_done_callback(lambda f, job=job: self._job_done(job, f))
+        fut.add_done_callback(functools.partial(self._job_done, job))
 
     def _job_done(self, job: _Job, fut: asyncio.Future) -> None:
         if job.cancelled or self._stopped or self.jobs.get(job.version) is not job:
