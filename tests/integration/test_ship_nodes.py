@@ -480,3 +480,84 @@ def test_on_flush_ships_each_time_the_vnode_archives(tmp_path, edge):
         assert "new files loaded" in out, out
     finally:
         recv.close()
+
+
+class FlipProxy:
+    """A TCP proxy on 127.0.0.1 that flips one bit of the sender's stream once, `flip_at`
+    bytes into its first connection (inside a file's raw bytes for a file above 1 MiB)."""
+
+    def __init__(self, target: str, flip_at: int) -> None:
+        import socket
+        import threading
+
+        host, port = target.split(":")
+        self.target = (host, int(port))
+        self.flip_at = flip_at
+        self.flipped = False
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.port = self.lsock.getsockname()[1]
+        self.threads = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        first = True
+        while True:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            s = socket.create_connection(self.target)
+            for src, dst, flip in ((c, s, first), (s, c, False)):
+                threading.Thread(target=self._pump, args=(src, dst, flip), daemon=True).start()
+            first = False
+
+    def _pump(self, src, dst, flip: bool) -> None:
+        seen = 0
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if flip and not self.flipped and seen + len(data) > self.flip_at:
+                    k = self.flip_at - seen
+                    data = data[:k] + bytes([data[k] ^ 0x10]) + data[k + 1:]
+                    self.flipped = True
+                seen += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for x in (src, dst):
+                try:
+                    x.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.lsock.close()
+
+
+def test_a_bit_flipped_in_transit_is_caught_and_the_file_sent_again(tmp_path, edge):
+    edge.write([("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(60_000)])
+    recv = receiver(tmp_path, 1)
+    proxy = FlipProxy(recv.nodes[1].replication, flip_at=600_000)
+    try:
+        e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        e["VREPL_SHIP_SECRET"] = SECRET
+        p = subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", f"127.0.0.1:{proxy.port}", "--data",
+                                       edge.vg, "--sender-id", "7", "--once"),
+                           env=e, capture_output=True, text=True, timeout=120)
+        assert p.returncode == EXIT_OK, p.stderr
+        assert proxy.flipped
+        assert "1 files sent again" in p.stdout, p.stdout
+        assert metric(recv, 1, "vrepl_ship_bad_files_total") == 1
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+    finally:
+        proxy.close()
+        recv.close()
