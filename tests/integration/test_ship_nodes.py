@@ -43,7 +43,7 @@ class Edge:
 
     def write(self, rows: list[tuple[str, int, dict]]) -> None:
         self.c.start()
-        self.c.wait_master()
+        self.c.wait_master(timeout_s=60)
         cl = self.c.client()
         try:
             for k in range(0, len(rows), 5000):
@@ -54,7 +54,7 @@ class Edge:
 
     def rows(self, tables: list[str]) -> dict[str, list[tuple]]:
         self.c.start()
-        self.c.wait_master()
+        self.c.wait_master(timeout_s=60)
         try:
             return {t: canon(self.c.replica_rows(1, t)) for t in tables}
         finally:
@@ -143,7 +143,7 @@ def receiver(tmp_path, n: int, name: str = "recv") -> LocalCluster:
     c = LocalCluster(os.path.join(str(tmp_path), name), n,
                      ship_senders=[{"id": 7, "secret": SECRET}, {"id": 8, "secret": SECRET + "-8"}])
     c.start()
-    c.wait_master(slaves=n - 1)
+    c.wait_master(slaves=n - 1, timeout_s=60)
     return c
 
 

@@ -510,10 +510,12 @@ def _clean_data(sd: SenderDirR, keep_parts: bool) -> None:
     d = sd.p(DATA_DIR)
     if not os.path.isdir(d):
         return
+    removed = 0
     for name in os.listdir(d):
         if not (keep_parts and name.endswith(PART_SUFFIX)):
             os.unlink(os.path.join(d, name))
-    if sd.fsync:
+            removed += 1
+    if removed and sd.fsync:
         fsync_dir(d)
 
 

@@ -256,7 +256,8 @@ class Sender:
         the next address is tried."""
         opt = self.opt
         n = len(opt.addresses)
-        first = Sender._master_hint.get((opt.receiver, opt.vgroup), 0) % n
+        hint = Sender._master_hint.get((opt.receiver, opt.vgroup), self.sdir.read_state().get("master_index", 0))
+        first = (hint if isinstance(hint, int) else 0) % n
         last_exc: ShipError | None = None
         for k in range(n):
             host, port = opt.addresses[(first + k) % n]
@@ -272,6 +273,8 @@ class Sender:
             try:
                 res = self._session(stream, m, last, now, deleted, list(new), t0)
                 Sender._master_hint[(opt.receiver, opt.vgroup)] = (first + k) % n
+                if k:       # remembered for the next process (state.json)
+                    self.sdir.write_state({**self.sdir.read_state(), "master_index": (first + k) % n})
                 return res
             except Refused as exc:
                 if exc.code != ERR_NOT_MASTER or self._log is not None:
