@@ -561,3 +561,31 @@ def test_a_bit_flipped_in_transit_is_caught_and_the_file_sent_again(tmp_path, ed
     finally:
         proxy.close()
         recv.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_at_the_receiver_mid_file_is_reported_and_the_next_round_repairs(tmp_path, edge):
+    """The receiver's data/ of this sender on a 1 MiB tmpfs: the file does not fit, the
+    round fails with disk_full (exit 6); once there is room the next round loads it."""
+    edge.write([("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(120_000)])
+    uuid = "ab" * 16
+    recv = receiver(tmp_path, 1)
+    data = os.path.join(recv.nodes[1].dir, "data", f"vg{VG}", "ship", uuid, "data")
+    os.makedirs(data)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", data], check=True)
+    mounted = True
+    try:
+        p = ship(edge, recv, "--once", "--uuid", uuid)
+        assert p.returncode == 6, p.stderr
+        assert "No space left on device" in p.stderr
+        assert recv.replica_rows(1, "big") == []
+        subprocess.run(["umount", data], check=True)
+        mounted = False
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+        assert leftovers(recv) == []
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", data])
+        recv.close()

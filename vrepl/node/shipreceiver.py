@@ -21,9 +21,11 @@ vgroup through `asyncio.run_coroutine_threadsafe`), write into the archive or th
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -494,6 +496,16 @@ def recover(sd: SenderDirR, loader: "Session | None", keep_parts: bool = True) -
     return done
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link (same file system: no copy), else a copy (data/ on another mount)."""
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(src, dst)
+
+
 def _crc_of(path: str) -> int:
     """CRC-32C of a file's bytes, 1 if that is 0 (the vnode's magic)."""
     crc = 0
@@ -799,7 +811,9 @@ class Session:
 
             def sink(view: memoryview) -> None:
                 state[0] = _crc.crc32c(view, state[0])
-                os.write(fd, view)
+                rest = view
+                while rest:         # a short write (a full disk) is followed by ENOSPC, never ignored
+                    rest = rest[os.write(fd, rest):]
                 counter.inc(len(view))      # as it arrives: a cut transfer counts what came
                 self.bytes_in += len(view)
 
@@ -869,7 +883,7 @@ class Session:
             os.makedirs(incoming, exist_ok=True)
             specs = []
             for n, e in enumerate(batch):
-                os.link(sd.data_file(e), os.path.join(incoming, f"{n}.parquet"))
+                _link_or_copy(sd.data_file(e), os.path.join(incoming, f"{n}.parquet"))
                 specs.append(IngestFile(f"{sub}/{n}.parquet", e.table, sd.origin, e.size, e.magic))
             meta = {"sender": sd.uuid, "round": self.round.round_id if self.round else 0,
                     "seq": self.round.seq if self.round else 0}
