@@ -153,3 +153,23 @@ def test_malformed_payloads_are_refused(msg_type, payload, why):
     rec = _rec.decode_record(_rec.encode_record(msg_type, 0, 0, payload), 0, P.MAX_FRAME_PAYLOAD_BYTES)
     with pytest.raises(FrameError, match=why):
         P.decode(rec)
+
+
+def test_a_file_replaced_by_a_flush_before_the_snapshot_waits_for_the_next_round(tmp_path):
+    """The manifest named two files; a flush replaced one before it was hard-linked: the
+    round ships the other, and the snapshot holds a link (not a copy) of what it ships."""
+    from vrepl.ship.sender import Sender, SenderOptions
+
+    data = str(tmp_path / "vg1")
+    os.makedirs(os.path.join(data, "data", "a"))
+    kept = os.path.join(data, "data", "a", "b0-v1.parquet")
+    with open(kept, "wb") as fh:
+        fh.write(b"x" * 100)
+    a = entry("a", size=100, name="data/a/b0-v1.parquet")
+    gone = entry("b", size=100, name="data/b/b0-v1.parquet")
+    s = Sender(SenderOptions(data=data, addresses=[("127.0.0.1", 1)], receiver="h:1", sender_id=1, secret=b"s"))
+    s.sdir.ensure()
+    new = [a, gone]
+    snap = s._snapshot(new, {a.key: a, gone.key: gone})
+    assert new == [a] and set(snap) == {a.key}
+    assert os.stat(snap[a.key]).st_ino == os.stat(kept).st_ino
