@@ -589,3 +589,31 @@ def test_a_full_disk_at_the_receiver_mid_file_is_reported_and_the_next_round_rep
         if mounted:
             subprocess.run(["umount", "-l", data])
         recv.close()
+
+
+def test_a_failover_of_the_receiving_vgroup_between_rounds_converges(tmp_path, edge):
+    """The master that received the rounds is SIGKILLed; the new master has no state of the
+    sender (files.txt, owners.json): it rebuilds it from the archive, the digests differ, the
+    sender reconciles, and the next round (with an update) reaches every live replica."""
+    edge.write(gen_rows(["cpu", "mem"], 100))
+    recv = receiver(tmp_path, 3)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        edge.write(gen_rows(["cpu"], 20, value=500.0))        # replaces cpu's file
+        old = recv.master()
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        recv.kill(old)
+        new = recv.wait_master(slaves=1, timeout_s=60)
+        assert new != old
+        edge.write(gen_rows(["disk"], 10) + gen_rows(["mem"], 5, value=900.0))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "reconciled" in p.stdout, p.stdout
+        want = edge.rows(["cpu", "mem", "disk"])
+        for nid in recv.nodes:
+            if nid != old:
+                recv.wait_for(f"n{nid} holds every round",
+                              lambda nid=nid: receiver_rows(recv, nid, ["cpu", "mem", "disk"]) == want, 30, 0.2)
+        assert ship(edge, recv, "--once").stdout.count("nothing new") == 1
+    finally:
+        recv.close()
