@@ -14,8 +14,17 @@ from vrepl._core import record as _rec
 from vrepl.errors import FrameError
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import StateError
-from vrepl.ship.state import (CURRENT_LIST, LAST_LIST, SYNC_LOG, FileList, SenderDir, SyncLog,
-                              digest_of_keys, entry_line, load_uuid)
+from vrepl.ship.state import (
+    CURRENT_LIST,
+    LAST_LIST,
+    SYNC_LOG,
+    FileList,
+    SenderDir,
+    SyncLog,
+    digest_of_keys,
+    entry_line,
+    load_uuid,
+)
 
 
 def entry(table: str, bucket: int = 0, size: int = 100, magic: int = 7, name: str = "") -> P.FileEntry:
