@@ -400,10 +400,10 @@ def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
         recv.close()
 
 
-def _hostile_session(recv: LocalCluster):
+def _hostile_session(recv: LocalCluster, uuid: bytes):
     host, port = recv.nodes[1].replication.split(":")
     s = connect(host, int(port), secret=(SECRET + "-8").encode(), sender_id=8, vgroup=VG)
-    s.send(P.Begin(1, bytes(range(16)), 5, 0, 0, "ms", SPAN_MS, 0, bytes(32), 0, 1, 10, "liar"))
+    s.send(P.Begin(1, uuid, 5, 0, 0, "ms", SPAN_MS, 0, bytes(32), 0, 1, 10, "liar"))
     assert type(s.recv()) is P.State
     s.send(P.Schema(b'{"tables":{"cpu":{"x":"float"}}}'))
     s.send(P.SchemaEnd(1))
@@ -418,7 +418,7 @@ def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
     recv = receiver(tmp_path, 1)
     try:
         # Bytes that do not match the announced checksum: RESULT bad, nothing kept.
-        s = _hostile_session(recv)
+        s = _hostile_session(recv, bytes(range(16)))
         try:
             s.send(P.Data(0, 0, 10))
             s.raw.send_bytes(b"0123456789")
@@ -427,7 +427,7 @@ def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
         finally:
             s.close()
         # More bytes than the offer announced: refused before a byte is written.
-        s = _hostile_session(recv)
+        s = _hostile_session(recv, bytes(range(1, 17)))     # another UUID: the first may still be ending
         try:
             s.send(P.Data(0, 0, 20))
             with pytest.raises(Refused) as ei:
@@ -438,7 +438,8 @@ def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
         assert recv.replica_rows(1, "cpu") == []
         # The cut round keeps its sync.log until the sender's next BEGIN (docs/ship.md §5.2);
         # no received byte is kept: the bad file was deleted, the oversized one never written.
-        recv.wait_for("the sessions ended", lambda: recv.status(1)["ship_senders"][0]["connected"] is False, 10, 0.1)
+        recv.wait_for("the sessions ended", lambda: not any(x["connected"] for x in recv.status(1)["ship_senders"]),
+                      10, 0.1)
         assert [f for f in leftovers(recv) if not f.endswith(("sync.log", "load.log"))] == []
     finally:
         recv.close()
