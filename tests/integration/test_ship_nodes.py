@@ -400,15 +400,15 @@ def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
         recv.close()
 
 
-def _hostile_session(recv: LocalCluster, uuid: bytes):
+def _hostile_session(recv: LocalCluster, uuid: bytes, table: str):
     host, port = recv.nodes[1].replication.split(":")
     s = connect(host, int(port), secret=(SECRET + "-8").encode(), sender_id=8, vgroup=VG)
     s.send(P.Begin(1, uuid, 5, 0, 0, "ms", SPAN_MS, 0, bytes(32), 0, 1, 10, "liar"))
     assert type(s.recv()) is P.State
-    s.send(P.Schema(b'{"tables":{"cpu":{"x":"float"}}}'))
+    s.send(P.Schema(b'{"tables":{"%s":{"x":"float"}}}' % table.encode()))
     s.send(P.SchemaEnd(1))
     assert type(s.recv()) is P.SchemaOk
-    s.send(P.Offer((P.FileEntry(0, "cpu", 0, 10, 0x1234, 1, "data/cpu/b0-v1.parquet"),)))
+    s.send(P.Offer((P.FileEntry(0, table, 0, 10, 0x1234, 1, f"data/{table}/b0-v1.parquet"),)))
     want = s.recv()
     assert type(want) is P.Want and want.items == ((0, P.WANT_SEND, 0),)
     return s
@@ -418,7 +418,7 @@ def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
     recv = receiver(tmp_path, 1)
     try:
         # Bytes that do not match the announced checksum: RESULT bad, nothing kept.
-        s = _hostile_session(recv, bytes(range(16)))
+        s = _hostile_session(recv, bytes(range(16)), "cpu")
         try:
             s.send(P.Data(0, 0, 10))
             s.raw.send_bytes(b"0123456789")
@@ -427,7 +427,7 @@ def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
         finally:
             s.close()
         # More bytes than the offer announced: refused before a byte is written.
-        s = _hostile_session(recv, bytes(range(1, 17)))     # another UUID: the first may still be ending
+        s = _hostile_session(recv, bytes(range(1, 17)), "mem")    # another sender: the first may still be ending
         try:
             s.send(P.Data(0, 0, 20))
             with pytest.raises(Refused) as ei:
@@ -435,7 +435,7 @@ def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
             assert ei.value.code == ERR_BAD_DATA and "the file is 10 B" in ei.value.reason
         finally:
             s.close()
-        assert recv.replica_rows(1, "cpu") == []
+        assert recv.replica_rows(1, "cpu") == [] and recv.replica_rows(1, "mem") == []
         # The cut round keeps its sync.log until the sender's next BEGIN (docs/ship.md §5.2);
         # no received byte is kept: the bad file was deleted, the oversized one never written.
         recv.wait_for("the sessions ended", lambda: not any(x["connected"] for x in recv.status(1)["ship_senders"]),
