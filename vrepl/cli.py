@@ -301,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     # `vrepl restore` and `vrepl replay` (docs/restore.md); each returns its exit code.
     from vrepl.restore.cli import add_parsers as add_restore_parsers
     add_restore_parsers(sub)
+    # `vrepl ship` and `vrepl ship-owner` (docs/ship.md); each returns its exit code.
+    from vrepl.ship.cli import add_parsers as add_ship_parsers
+    add_ship_parsers(sub)
 
     w = sub.add_parser("wal", help="inspect, verify and repair a WAL directory")
     wsub = w.add_subparsers(dest="wal_command", metavar="WAL_COMMAND")

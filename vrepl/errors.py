@@ -294,6 +294,61 @@ class PeerError(RestoreError, ConnectionError):
     exit_code = EXIT_PEER
 
 
+# -- ship (vrepl.ship, vrepl.node.shipreceiver, docs/ship.md) ---------------------------------
+# `exit_code`: what `vrepl ship` exits with when this error ends it; `retry`: whether running
+# the round again later can succeed without an operator (a cut link, a busy receiver) or not
+# (a conflict, a hostile name, a full disk). Re-exported by vrepl/ship/errors.py.
+
+class ShipError(VreplError, RuntimeError):
+    """A ship round failed; the message says why in one line."""
+
+    exit_code = EXIT_PEER
+
+    def __init__(self, reason: str, *, retry: bool = True, exit_code: int | None = None):
+        self.reason = reason
+        self.retry = retry
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(reason)
+
+
+class ShipPeerGone(ShipError, ConnectionError):
+    """The ship connection failed, closed or timed out, or the peer broke the protocol."""
+
+
+class ShipRefused(ShipError):
+    """The receiver refused (an ERROR frame with a code, docs/ship.md §2); `code`, and the
+    exit code and retry rule of that code (vrepl/ship/errors.py)."""
+
+    def __init__(self, code: int, reason: str, *, retry: bool, exit_code: int):
+        self.code = code
+        super().__init__(reason, retry=retry, exit_code=exit_code)
+
+
+class ShipBadData(ShipError, ValueError):
+    """A shipped file is corrupt: it kept failing its checksum, or the sender's copy is damaged."""
+
+    exit_code = EXIT_FAILED
+
+
+class ShipUnsafeName(ShipError, ValueError):
+    """A hostile name (a file or table name that could leave its directory)."""
+
+    exit_code = EXIT_UNSAFE_NAME
+
+    def __init__(self, reason: str):
+        super().__init__(reason, retry=False)
+
+
+class ShipStateError(ShipError):
+    """The sender's own state directory is unusable (the message says how to repair it)."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, reason: str):
+        super().__init__(reason, retry=False)
+
+
 # -- the Spark validation (vrepl.spark, docs/validation.md) -----------------------------------
 
 class InputError(VreplError, ValueError):

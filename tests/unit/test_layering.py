@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("process", ("vrepl.node", "arbitrator")),      # the node and arbitrator processes
     ("sync", ("vrepl.sync", "vrepl.spark")),        # the embedding API; the validation job
     ("edge", ("vrepl.transport", "vrepl.restore", "vrepl.vnode", "vrepl.config",
-              "vrepl.client")),                     # sockets, restore, the vnode, settings
+              "vrepl.client", "vrepl.ship")),                     # sockets, restore, the vnode, settings
     ("wal", ("vrepl.wal",)),                        # the log: written by the sync, read by all
     ("replica", ("vrepl.replica",)),                # events in, actions out
     ("core", ("vrepl._core",)),                     # Cython, no I/O

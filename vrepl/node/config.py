@@ -56,6 +56,17 @@ class NodeAddress:
 
 
 @dataclass(frozen=True)
+class ShipSenderConfig:
+    """One `[[ship.senders]]` entry: a `vrepl ship` sender this node receives from
+    (docs/ship.md §2.1): its id (the HELLO's node field), its own secret, and the vgroups it
+    may ship into (empty: every vgroup of this node)."""
+
+    id: int
+    secret: bytes = field(repr=False)
+    vgroups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class VgroupSpec:
     id: int
     replicas: tuple[int, ...]      # node ids
@@ -116,6 +127,7 @@ class NodeConfig:
     log_format: str = "text"               # "text" or "json" (docs/operations.md §Logs)
     flush_check_ms: int = 1000
     stop_timeout_ms: int = 5000
+    ship_senders: dict[int, ShipSenderConfig] = field(default_factory=dict)
 
     @property
     def me(self) -> NodeAddress:
@@ -191,7 +203,7 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     base_dir = os.path.dirname(os.path.abspath(path))
     _unknown(doc, {"node_id", "data_dir", "secret", "secret_file", "log_level", "log_file",
                    "log_format", "flush_check_ms", "stop_timeout_ms", "http", "nodes", "vgroups",
-                   "vnode", "sync", "restore"}, "")
+                   "vnode", "sync", "restore", "ship"}, "")
     if "node_id" not in doc:
         raise ConfigError("node_id is missing")
     node_id = _get(doc, "node_id", int, None, "")
@@ -356,11 +368,12 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
         except ConfigError as exc:
             raise ConfigError(_name_as_given(str(exc), sync_given_as)) from None
     rcfg = _restore_settings(doc.get("restore", {}))
+    ship_senders = _ship_settings(doc.get("ship", {}), base_dir, {v.id for v in vgroups})
     cfg = NodeConfig(path=path, node_id=node_id, data_dir=data_dir, secret=secret, nodes=nodes,
                      vgroups=tuple(vgroups), http=http, vnode=vcfg, sync=svals, restore=rcfg,
                      log_level=log_level, log_file=log_file, log_format=log_format,
                      flush_check_ms=flush_check_ms,
-                     stop_timeout_ms=stop_timeout_ms)
+                     stop_timeout_ms=stop_timeout_ms, ship_senders=ship_senders)
     for spec in cfg.vgroups:
         reason = sync_config_invalid(cfg.sync_config(spec))
         if reason:
@@ -377,6 +390,53 @@ def _name_as_given(reason: str, given_as: dict[str, str]) -> str:
     for new, old in given_as.items():
         reason = re.sub(rf"\b{new}\b", f"{new} (written {old})", reason, count=1)
     return reason
+
+
+def _ship_settings(table: Any, base_dir: str, vgroup_ids: set[int]) -> dict[int, ShipSenderConfig]:
+    """[ship]: `[[ship.senders]]` id, secret (or secret_file), vgroups (docs/ship.md §2.1)."""
+    if not isinstance(table, dict):
+        raise ConfigError("[ship] must be a table")
+    _unknown(table, {"senders"}, "ship.")
+    raw = table.get("senders", [])
+    if not isinstance(raw, list):
+        raise ConfigError("ship.senders must be an array of tables ([[ship.senders]])")
+    out: dict[int, ShipSenderConfig] = {}
+    for i, s in enumerate(raw):
+        where = f"ship.senders[{i}]."
+        if not isinstance(s, dict):
+            raise ConfigError(f"ship.senders[{i}] must be a table")
+        _unknown(s, {"id", "secret", "secret_file", "vgroups"}, where)
+        if "id" not in s:
+            raise ConfigError(f"{where}id is missing")
+        sid = _get(s, "id", int, None, where)
+        if not 1 <= sid <= 2**31 - 1:
+            raise ConfigError(f"{where}id must be in 1..2^31-1, got {sid}")
+        if sid in out:
+            raise ConfigError(f"{where}id {sid} appears twice")
+        text = _get(s, "secret", str, None, where)
+        sfile = _get(s, "secret_file", str, None, where)
+        if text and sfile:
+            raise ConfigError(f"{where}: give secret or secret_file, not both")
+        if sfile:
+            path = sfile if os.path.isabs(sfile) else os.path.join(base_dir, sfile)
+            try:
+                with open(path, "rb") as fh:
+                    secret = fh.read().strip()
+            except OSError as exc:
+                raise ConfigError(f"{where}secret_file {path}: {exc.strerror}") from None
+        else:
+            secret = (text or "").encode()
+        if len(secret) < 16:
+            raise ConfigError(f"{where}secret is missing or shorter than 16 bytes: each sender"
+                              " authenticates with its own secret")
+        vgs = s.get("vgroups", [])
+        if not isinstance(vgs, list) or any(type(v) is not int for v in vgs):
+            raise ConfigError(f"{where}vgroups must be a list of vgroup ids")
+        for v in vgs:
+            if v not in vgroup_ids:
+                raise ConfigError(f"{where}vgroups: this node hosts no vgroup {v}")
+        out[sid] = ShipSenderConfig(sid, secret, tuple(vgs))
+    return out
 
 
 def _restore_settings(table: Any) -> RestoreConfig:

@@ -66,7 +66,8 @@ class LocalCluster:
                  secret: str = "vrepl-local-secret", vnode: dict | None = None,
                  sync: dict | None = None, http: dict | None = None,
                  log_level: str = "INFO", log_format: str = "text",
-                 arbitrator: str | None = None, client_kw: dict | None = None) -> None:
+                 arbitrator: str | None = None, client_kw: dict | None = None,
+                 ship_senders: list[dict] | None = None) -> None:
         self.base_dir = os.path.abspath(base_dir)
         # Client keyword arguments for every client this object makes (token, tls, cafile),
         # for nodes whose [http] sets token_file or tls_cert.
@@ -99,8 +100,11 @@ class LocalCluster:
                                "quorum": quorum, **({"arbitrator": arbitrator} if arbitrator else {})}
                               for vg in range(vgroup, vgroup + vgroup_count)]
             path = os.path.join(d, "node.toml")
+            text = render_toml(doc)
+            for sender in ship_senders or ():       # [[ship.senders]] (docs/ship.md §2.1)
+                text += "\n[[ship.senders]]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in sender.items())
             with open(path, "w") as fh:
-                fh.write(render_toml(doc))
+                fh.write(text)
             self.nodes[nid] = LocalNode(nid, entry["http"], entry["replication"], d, path)
 
     @property

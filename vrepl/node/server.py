@@ -46,7 +46,9 @@ from vrepl.node.config import NodeConfig
 from vrepl.node.http import HttpServer, Request, Response, error, server_ssl_context
 from vrepl.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vrepl.node.metrics import NodeMetrics
+from vrepl.node.shipreceiver import ShipService
 from vrepl.node.vgroup import KIND_ARROW, KIND_LINES, VgroupHost
+from vrepl.transport.node import NodeTransport
 from vrepl.transport.loop import IoLoop
 from vrepl.vnode.ingest import ARROW_CONTENT_TYPE
 from vrepl.vnode.rows import INT64_MAX, INT64_MIN, TABLE_NAME_RE, TABLE_NAME_RULE
@@ -97,6 +99,10 @@ class Node:
             spec.id: VgroupHost(cfg, spec, self.flush_executor, self.metrics.observers(spec.id))
             for spec in cfg.vgroups}
         self.metrics.vgroups = self.vgroups
+        # The ship receiver (docs/ship.md): only with [[ship.senders]] configured.
+        self.ship: ShipService | None = (
+            ShipService(cfg.ship_senders, self.vgroups, self.metrics.registry, cfg.vnode.fsync)
+            if cfg.ship_senders else None)
         self.io: IoLoop | None = None
         self.http: HttpServer | None = None
         self.started_at = time.time()
@@ -124,6 +130,9 @@ class Node:
         except BaseException:
             self._release_locks()
             raise
+        if self.ship is not None:
+            self.ship.recover_all()
+            NodeTransport.ship_acceptors[self.cfg.me.replication] = self.ship
         self.io = IoLoop.shared()
         try:
             for vg in self.vgroups.values():
@@ -184,6 +193,9 @@ class Node:
                 log.warning("stopping: %s", exc)
         if io is not None and self._tick is not None:
             io.loop.call_soon_threadsafe(self._tick.cancel)
+        if self.ship is not None:
+            NodeTransport.ship_acceptors.pop(self.cfg.me.replication, None)
+            self.ship.stop()
         for vg in self.vgroups.values():
             try:
                 vg.stop()
@@ -247,6 +259,8 @@ class Node:
                 if req.method != "POST":
                     return error(405, "bad_method", f"{req.method} {req.path}: use POST")
                 return vg.ingest_http(req.body)
+        if len(parts) == 5 and parts[1] == "vgroups" and parts[3:] == ["ship", "owners"]:
+            return self._ship_owners(parts[2], req)
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
 
     def _influx(self, req: Request):
@@ -272,6 +286,30 @@ class Node:
             return influx.shaped(v1, refused)
         rid = req.query.get("request_id") or req.headers.get("request-id")
         return influx.answer(v1, vg.write(body, rid, KIND_LINES, unit))  # type: ignore[arg-type]
+
+    def _ship_owners(self, vgroup: str, req: Request) -> Response:
+        """GET: table -> owner of a vgroup's shipped tables; POST {"table": T, "owner": UUID |
+        "local" | null}: transfer or (null) release a table (docs/ship.md §7)."""
+        vg = self._vgroup(vgroup)
+        if isinstance(vg, Response):
+            return vg
+        if self.ship is None:
+            return error(404, "no_ship", f"node {self.cfg.node_id} receives no ship senders ([[ship.senders]])")
+        if req.method == "GET":
+            return Response(200, {"vgroup": vg.id, "owners": self.ship.owners(vg)})
+        if req.method != "POST":
+            return error(405, "bad_method", f"{req.method} {req.path}: use GET or POST")
+        try:
+            doc = json.loads(req.body.decode("utf-8"))
+            if not isinstance(doc, dict) or set(doc) != {"table", "owner"} or not isinstance(doc["table"], str) \
+                    or not (doc["owner"] is None or isinstance(doc["owner"], str)):
+                raise ValueError('the body is {"table": "<table>", "owner": "<uuid>" | "local" | null}')
+            own = self.ship.set_owner(vg, doc["table"], doc["owner"])
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return error(400, "bad_owner", str(exc))
+        log.warning("vg%d: ship owner of table %s set to %s by an operator", vg.id, doc["table"],
+                    doc["owner"] or "nobody (released)")
+        return Response(200, {"vgroup": vg.id, "owners": own})
 
     def _vgroup(self, text: str) -> VgroupHost | Response:
         if not text.isdigit() or len(text) > 10:
@@ -317,6 +355,7 @@ class Node:
             "nodes": {str(n.id): {"http": n.http_endpoint, "replication": n.replication_endpoint}
                       for n in cfg.nodes.values()},
             "vgroups": [vg.status() for vg in self.vgroups.values()],
+            "ship_senders": self.ship.status() if self.ship is not None else [],
         }
 
 

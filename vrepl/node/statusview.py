@@ -169,6 +169,11 @@ def build_view(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "nodes": {nid: {"http": n.get("http"), "state": n["state"], "error": n.get("error"),
                         "status": n.get("status")} for nid, n in sorted(nodes.items(), key=lambda kv: int(kv[0]))},
         "vgroups": vgroups,
+        # Ship senders as each node reports them (docs/ship.md §9): the master of the
+        # receiving vgroup knows the rounds; a node that never received one lists none.
+        "ship_senders": [{"node": int(nid), **s} for nid, n in sorted(nodes.items(), key=lambda kv: int(kv[0]))
+                         for s in ((n.get("status") or {}).get("ship_senders") or [])
+                         if isinstance(s, dict)],
     }
 
 
@@ -238,6 +243,12 @@ def render(view: dict[str, Any]) -> Group:
         if nid not in hosting:
             parts.append(Text(printable(f"n{nid} {n['http']}: {n['state']}"
                                         + (f" ({n['error']})" if n["error"] else ""))))
+    for snd in view.get("ship_senders", []):
+        err = f", last error: {snd.get('last_error')}" if snd.get("last_error") else ""
+        parts.append(Text(printable(
+            f"ship sender {snd.get('uuid')} (id {snd.get('sender_id')}, {snd.get('host') or '?'}) -> n{snd['node']}"
+            f" vg{snd.get('vgroup')}: {'connected, ' if snd.get('connected') else ''}last round {snd.get('last_round')}"
+            f", {snd.get('files')} files held, {snd.get('files_behind')} files / {snd.get('bytes_behind')} B behind{err}")))
     if any(r["last_version_from"] == "master" for vg in view["vgroups"] for r in vg["replicas"]):
         parts.append(Text("* as acknowledged to the master (the node itself did not answer)"))
     parts.append(Text(f"as of {view['time']}", style="dim"))

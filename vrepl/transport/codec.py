@@ -14,6 +14,7 @@ Frame types (WAL data records use 1..15, so a frame is never mistaken for WAL da
     32 STATUS 33 HEARTBEAT 34 FORWARD 35 FORWARD_BATCH 36 FORWARD_ACK
     37 SYNC_REQUEST 38 TRUNCATE_REQUEST 39 SYNC_START 40 COMMIT      peer messages
     48 ARBITRATOR_REQUEST 49 ARBITRATOR_GRANT                        replica <-> arbitrator
+    80..96 on a SHIP connection: vrepl/ship/protocol.py (docs/ship.md §3.1)
 
 Any other msg_type, a payload of the wrong size or a field out of range raises FrameError
 naming the reason: the connection owner closes that connection and keeps serving.
@@ -81,6 +82,7 @@ class ConnKind(enum.IntEnum):
     SYNC = 3  # master -> a replica that is behind: the restore flow (docs/restore.md)
     BACKUP = 4  # a restore tool (`vrepl restore`) -> any replica: pull a full copy
     FETCH = 5  # a replica -> another replica: files of an ingested round (docs/vnode.md §9.6)
+    SHIP = 6  # `vrepl ship` (a sender with its own secret) -> a vgroup's master (docs/ship.md)
 
 
 RESTORE_TOOL_NODE_ID = -3  # the node id a restore tool names in its HELLO

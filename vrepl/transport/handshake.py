@@ -107,7 +107,9 @@ class ClientHandshake:
 
 class ServerHandshake:
     """The accepting side. `check_hello(hello)` returns why a hello is refused (unknown
-    vgroup, unknown node, wrong kind...) or None; `node` is this server's node id."""
+    vgroup, unknown node, wrong kind...) or None; `node` is this server's node id.
+    `secret_for(hello)`, if given, picks the secret of an accepted hello (a ship sender has
+    its own, docs/ship.md §1); else `secret` is everyone's."""
 
     def __init__(
         self,
@@ -115,8 +117,10 @@ class ServerHandshake:
         node: int,
         check_hello: Callable[[Hello], str | None],
         nonce: bytes | None = None,
+        secret_for: Callable[[Hello], bytes] | None = None,
     ) -> None:
         self.secret = secret
+        self.secret_for = secret_for
         self.node = node
         self.check_hello = check_hello
         self.nonce = nonce or new_nonce()
@@ -133,6 +137,8 @@ class ServerHandshake:
             reason = self.check_hello(msg)
             if reason:
                 raise HandshakeError(reason, "hello_refused")
+            if self.secret_for is not None:
+                self.secret = self.secret_for(msg)
             self.hello = msg
             self._state = "wait_auth"
             proof = make_proof(self.secret, "server", msg, self.node, self.nonce)

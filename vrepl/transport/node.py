@@ -36,7 +36,17 @@ from vrepl.transport.handshake import (
 )
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from vrepl.restore.limiter import RestoreLimiter
+
+    class ShipAcceptor(Protocol):
+        """What the transport needs from a node's ship service (vrepl/node/shipreceiver.py)."""
+
+        def hello_refusal(self, hello: codec.Hello) -> str | None: ...
+        def secret_for(self, hello: codec.Hello) -> bytes: ...
+        def on_connection(self, sock: socket.socket, hello: codec.Hello) -> None: ...
+
     from vrepl.sync import SyncInstance
 
 log = logging.getLogger("vrepl.transport")
@@ -93,7 +103,8 @@ class Connection(asyncio.BufferedProtocol):
             )
         else:
             self.frames = FrameBuffer(HANDSHAKE_MAX_FRAME_BYTES)
-            self.hs = ServerHandshake(node_transport.secret, node_transport.node, self._check_hello)
+            self.hs = ServerHandshake(node_transport.secret, node_transport.node, self._check_hello,
+                                      secret_for=node_transport.secret_for)
 
     # -- naming --------------------------------------------------------------------------------
 
@@ -225,6 +236,12 @@ class Connection(asyncio.BufferedProtocol):
             self.nt.pending_handshakes.discard(self)
             hello = self.hs.hello  # type: ignore[union-attr]
             assert hello is not None
+            if hello.kind == ConnKind.SHIP:
+                # A ship sender (docs/ship.md): its session runs on the node's ship service.
+                if self.frames.buffered:
+                    raise HandshakeError(f"{self.frames.buffered} bytes sent before the handshake finished")
+                self._detach_when_flushed(None, hello, 0)
+                return
             inst = self.nt.instances.get(hello.vgroup_id)
             if inst is None:  # stopped while we were shaking hands
                 raise HandshakeError(f"vg{hello.vgroup_id} stopped during the handshake", "hello_refused")
@@ -242,7 +259,7 @@ class Connection(asyncio.BufferedProtocol):
         assert self.instance is not None
         self.instance.on_connection_ready(self)
 
-    def _detach_when_flushed(self, inst: "SyncInstance", hello: codec.Hello, tries: int) -> None:
+    def _detach_when_flushed(self, inst: "SyncInstance | None", hello: codec.Hello, tries: int) -> None:
         """Hand the socket to the instance's restore code once WELCOME has left; reading
         stops now, so every later byte stays in the kernel for the new owner."""
         if self.closed or self.transport is None:
@@ -262,7 +279,10 @@ class Connection(asyncio.BufferedProtocol):
         self.close_reason = "handed to a restore session"
         self.transport.abort()  # closes asyncio's descriptor; the duplicate stays open
         raw = socket.socket(fileno=fd)
-        inst.on_sync_connection(raw, hello)
+        if inst is None:
+            self.nt.on_ship_connection(raw, hello)
+        else:
+            inst.on_sync_connection(raw, hello)
 
     # -- frames --------------------------------------------------------------------------------
 
@@ -338,6 +358,9 @@ class NodeTransport:
     """The TCP server of one node (host:port, node id) and the sync instances it serves."""
 
     _registry: dict[tuple[str, int], "NodeTransport"] = {}
+    # The ship service of the node listening at (host, port) (docs/ship.md §1), set by the
+    # node process: it decides on SHIP hellos, their secrets, and takes their sockets.
+    ship_acceptors: dict[tuple[str, int], "ShipAcceptor"] = {}
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node: int, host: str, port: int, secret: bytes) -> None:
         self.loop = loop
@@ -400,8 +423,28 @@ class NodeTransport:
             conn.abort("node transport stopping")
         log.info("n%d: stopped listening on %s:%d", self.node, self.host, self.port)
 
+    def ship_acceptor(self) -> "ShipAcceptor | None":
+        return NodeTransport.ship_acceptors.get((self.host, self.port))
+
+    def secret_for(self, hello: codec.Hello) -> bytes:
+        """The secret a hello must prove: a ship sender's own, else the cluster secret."""
+        acceptor = self.ship_acceptor() if hello.kind == ConnKind.SHIP else None
+        return acceptor.secret_for(hello) if acceptor is not None else self.secret
+
+    def on_ship_connection(self, sock: socket.socket, hello: codec.Hello) -> None:
+        acceptor = self.ship_acceptor()
+        if acceptor is None:
+            sock.close()
+            return
+        acceptor.on_connection(sock, hello)
+
     def check_hello(self, hello: codec.Hello) -> str | None:
         """Why this node refuses a hello, or None (docs/embedding.md §Connections)."""
+        if hello.kind == ConnKind.SHIP:
+            acceptor = self.ship_acceptor()
+            if acceptor is None:
+                return f"ship hello from sender {hello.node}: this node takes no ship connections ([ship] senders)"
+            return acceptor.hello_refusal(hello)
         if hello.kind not in (ConnKind.PEER, ConnKind.SYNC, ConnKind.BACKUP, ConnKind.FETCH):
             return f"hello of kind {hello.kind} from n{hello.node}: this node takes peer, sync, backup and fetch connections"
         inst = self.instances.get(hello.vgroup_id)

@@ -1,0 +1,224 @@
+"""`vrepl ship` benchmarks (docs/ship.md; targets in issue 16, figures in docs/benchmarks.md).
+
+    python bench/bench_ship.py [--files 2000] [--file-kib 1024] [--replicas 1,3] [--senders 8]
+                               [--cut-mib 1024] [--dir DIR]
+
+An edge vnode directory of --files archived Parquet files of about --file-kib KiB each (one
+table per file, random string values, so compression leaves the size) is written once (its
+manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
+
+1. rsync baseline: `rsync -a --whole-file` of the edge's data/ to an rsync daemon (skipped
+   when rsync is not installed: tools/install_system_deps.sh installs it).
+2. first full ship: `vrepl ship --once` into a fresh receiving vgroup of each --replicas
+   count (real `vrepl node` processes); seconds until the command returned (every file loaded
+   and committed on a quorum) and the ratio of rates against rsync (target >= 1.0 with 1
+   replica, >= 0.7 with 3).
+3. a round with nothing new: its wall time inside `vrepl ship` (the round line) and the file
+   bytes the receiver received meanwhile (target < 50 ms and 0 bytes).
+4. a link cut at half of one --cut-mib MiB file (the sender SIGKILLed by the kill point
+   ship.sender.mid_file at half of its 1 MiB slices), then a round that resumes: bytes the
+   receiver received in all / the file's size (target <= 1.05).
+5. --senders senders (each its own edge directory, 1/--senders of the files) into one
+   receiver at once: aggregate rate / the rate of one sender (target >= 0.8).
+Prints a table; the figures of one run go to docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vrepl.child import free_port, python_argv
+from vrepl.node.local import LocalCluster
+from vrepl.vnode.files import PARQUET_COMPRESSION, ArchivedFile, Manifest, file_magic
+
+SECRET = "bench-ship-secret-0123456789"
+SPAN_MS = 864_000_000
+
+
+def make_edge(path: str, files: int, file_kib: int, prefix: str = "t") -> int:
+    """A vnode directory with `files` archived files; their total bytes."""
+    data = os.path.join(path, "data")
+    os.makedirs(data, exist_ok=True)
+    rows = max(1, file_kib * 1024 // 36)      # ~36 bytes a row once compressed (56 random hex digits)
+    m = Manifest("ms", SPAN_MS, archived_version=files, archived_epoch=1)
+    total = 0
+    for k in range(files):
+        table = f"{prefix}{k}"
+        blob = [os.urandom(28).hex() for _ in range(rows)]
+        t = pa.table({"ts": pa.array(range(rows), pa.timestamp("ms")),
+                      "_version": pa.array([k + 1] * rows, pa.int64()),
+                      "_epoch": pa.array([1] * rows, pa.int64()),
+                      "v": pa.array(blob, pa.string())})
+        name = f"data/{table}/b0-v{k + 1}.parquet"
+        full = os.path.join(path, name)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        pq.write_table(t, full, compression=PARQUET_COMPRESSION)
+        with open(full, "rb") as fh:
+            raw = fh.read()
+        total += len(raw)
+        m.schemas[table] = {"v": "str"}
+        m.files.append(ArchivedFile(name, len(raw), file_magic(raw), table, 0, 0, rows - 1, k + 1, k + 1, rows))
+    m.sort()
+    with open(os.path.join(path, "data", "manifest.json"), "wb") as fh:
+        fh.write(m.to_bytes())
+    return total
+
+
+def receiver(base: str, replicas: int) -> LocalCluster:
+    c = LocalCluster(base, replicas, ship_senders=[{"id": 7, "secret": SECRET}],
+                     http={"write_timeout_ms": 120_000})
+    c.start()
+    c.wait_master(slaves=replicas - 1, timeout_s=60)
+    return c
+
+
+def ship(edge: str, recv: LocalCluster, *extra: str, env: dict | None = None) -> tuple[float, str, int]:
+    to = ",".join(n.replication for n in recv.nodes.values())
+    e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+    e.update(VREPL_SHIP_SECRET=SECRET, **(env or {}))
+    t0 = time.monotonic()
+    p = subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge, "--sender-id", "7",
+                                   "--once", "--no-progress", "--timeout", "300", *extra),
+                       env=e, capture_output=True, text=True)
+    return time.monotonic() - t0, p.stdout + p.stderr, p.returncode
+
+
+def received_bytes(recv: LocalCluster) -> float:
+    total = 0.0
+    for n in recv.nodes.values():
+        try:
+            with urllib.request.urlopen(f"http://{n.http}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("vrepl_ship_received_bytes_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def rsync_baseline(src: str, base: str) -> float | None:
+    if shutil.which("rsync") is None:
+        return None
+    dst = os.path.join(base, "rsync-dst")
+    os.makedirs(dst)
+    port = free_port()
+    conf = os.path.join(base, "rsyncd.conf")
+    with open(conf, "w") as fh:
+        fh.write(f"use chroot = no\npid file = {base}/rsyncd.pid\n[dst]\npath = {dst}\nread only = no\n"
+                 "uid = root\ngid = root\n")
+    d = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}", f"--port={port}",
+                          "--address=127.0.0.1"])
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        subprocess.run(["rsync", "-a", "--whole-file", src + "/", f"rsync://127.0.0.1:{port}/dst/"], check=True)
+        return time.monotonic() - t0
+    finally:
+        d.terminate()
+        d.wait(10)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=2000, help="archived files in the edge directory (2000)")
+    ap.add_argument("--file-kib", type=int, default=1024, help="approximate size of each file in KiB (1024)")
+    ap.add_argument("--replicas", default="1,3", help="receiving vgroup sizes to measure (1,3)")
+    ap.add_argument("--senders", type=int, default=8, help="concurrent senders in step 5 (8; 0 skips it)")
+    ap.add_argument("--cut-mib", type=int, default=1024, help="size of the file cut at half in step 4 (1024; 0 skips)")
+    ap.add_argument("--dir", default=None, help="where to put everything (default: a temporary directory)")
+    args = ap.parse_args()
+    base = tempfile.mkdtemp(prefix="bench-ship-", dir=args.dir)
+    out: list[tuple[str, str]] = []
+    try:
+        edge = os.path.join(base, "edge")
+        t0 = time.monotonic()
+        size = make_edge(edge, args.files, args.file_kib)
+        print(f"edge: {args.files} files, {size / 2**20:.0f} MiB written in {time.monotonic() - t0:.1f} s", flush=True)
+        rs = rsync_baseline(os.path.join(edge, "data"), base)
+        if rs is not None:
+            out.append(("rsync -a --whole-file to an rsync daemon", f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s"))
+        else:
+            out.append(("rsync baseline", "skipped: rsync is not installed"))
+        for n in [int(x) for x in args.replicas.split(",") if x]:
+            recv = receiver(os.path.join(base, f"recv{n}"), n)
+            try:
+                shutil.rmtree(os.path.join(edge, "ship"), ignore_errors=True)
+                secs, text, rc = ship(edge, recv)
+                if rc != 0:
+                    print(text, file=sys.stderr)
+                    return 1
+                ratio = f", {rs / secs:.2f} x rsync's rate" if rs else ""
+                out.append((f"first full ship, {n} replica(s)", f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}"))
+                before = received_bytes(recv)
+                secs2, text, rc = ship(edge, recv)
+                m = re.search(r"nothing new \((\d+) ms\)", text)
+                out.append((f"round with nothing new, {n} replica(s)",
+                            f"{m.group(1) if m else '?'} ms in the round ({secs2 * 1000:.0f} ms with process start),"
+                            f" {received_bytes(recv) - before:.0f} file bytes received"))
+            finally:
+                recv.close()
+        if args.cut_mib:
+            cut = os.path.join(base, "cut")
+            big = make_edge(cut, 1, args.cut_mib * 1024, prefix="big")
+            recv = receiver(os.path.join(base, "recv-cut"), 1)
+            try:
+                half = max(1, big // (2 << 20))
+                _, text, rc = ship(cut, recv, env={"VREPL_KILLPOINT": f"ship.sender.mid_file@{half}"})
+                time.sleep(1.0)         # the receiver reads what was in flight, then sees the cut
+                first = received_bytes(recv)
+                secs, text, rc = ship(cut, recv)
+                total = received_bytes(recv)
+                out.append((f"link cut at half of a {big / 2**20:.0f} MiB file",
+                            f"{first / 2**20:.0f} MiB before the cut; {total / big:.3f} x the file's size received in all"
+                            f" (resumed round {secs:.2f} s, exit {rc})"))
+            finally:
+                recv.close()
+        if args.senders:
+            per = max(1, args.files // args.senders)
+            dirs = []
+            for s in range(args.senders + 1):      # edge0 alone first, then the others at once
+                d = os.path.join(base, f"edge{s}")
+                make_edge(d, per, args.file_kib, prefix=f"s{s}t")
+                dirs.append(d)
+            recv = receiver(os.path.join(base, "recv-many"), 1)
+            try:
+                one_secs, _, _ = ship(dirs[0], recv)
+                one_size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(os.path.join(dirs[0], "data"))
+                               for f in fs if f.endswith(".parquet"))
+                t0 = time.monotonic()
+                to = recv.nodes[1].replication
+                env = dict(os.environ, VREPL_SHIP_SECRET=SECRET)
+                procs = [subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", d,
+                                                      "--sender-id", "7", "--once", "--no-progress"),
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         for d in dirs[1:]]
+                codes = [p.wait() for p in procs]
+                many_secs = time.monotonic() - t0
+                many_size = one_size * len(procs)
+                one_rate, many_rate = one_size / one_secs, many_size / many_secs
+                out.append((f"{len(procs)} senders at once into one receiver",
+                            f"aggregate {many_rate / 1e6:.0f} MB/s vs one sender {one_rate / 1e6:.0f} MB/s:"
+                            f" {many_rate / one_rate:.2f} x (exit codes {sorted(set(codes))})"))
+            finally:
+                recv.close()
+        width = max(len(k) for k, _ in out)
+        for k, v in out:
+            print(f"{k:<{width}}  {v}")
+        return 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,620 @@
+"""`vrepl ship` processes into real `vrepl node` receivers on loopback (docs/ship.md).
+
+An edge node (1 replica) writes rows and is stopped, which archives them; `vrepl ship`
+processes ship its vnode directory into a receiving vgroup (1 or 3 replicas). Rows are read
+back through the client API from every receiving replica and compared with the edge's own
+(ts, _version, _epoch, values: shipped rows keep their origin's versions). Faults: a round
+with nothing new, an update on the edge (a file replaced by a flush), a wrong secret, an
+unknown sender id, hostile names from a hand-driven sender, a sender SIGKILLed at each of its
+named kill points (vrepl/killpoints.py), a transfer cut mid-file that resumes, a second
+sender process on the same receiver, and a table owned by another sender."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vrepl.child import python_argv
+from vrepl.killpoints import registered
+from vrepl.node.local import LocalCluster
+from vrepl.ship import protocol as P
+from vrepl.ship import sender as _sender  # noqa: F401  (registers the sender's kill points)
+from vrepl.ship.errors import ERR_BAD_DATA, ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER, EXIT_REFUSED, Refused
+from vrepl.ship.stream import connect
+
+pytestmark = pytest.mark.timeout(240)
+
+VG = 1
+SECRET = "ship-secret-for-tests-0123456789"
+SPAN_MS = 864_000_000            # the vnode's default file span: one bucket
+
+
+class Edge:
+    """A one-replica edge node whose vnode directory is shipped (stopped between writes,
+    so its rows are archived)."""
+
+    def __init__(self, base: str, name: str = "edge") -> None:
+        self.c = LocalCluster(os.path.join(base, name), 1)
+        self.vg = os.path.join(self.c.nodes[1].dir, "data", f"vg{VG}")
+
+    def write(self, rows: list[tuple[str, int, dict]]) -> None:
+        self.c.start()
+        self.c.wait_master(timeout_s=60)
+        cl = self.c.client()
+        try:
+            for k in range(0, len(rows), 5000):
+                cl.write(VG, rows[k:k + 5000])
+        finally:
+            cl.close()
+        self.c.stop_all()          # SIGTERM: the node flushes its memtable into the archive
+
+    def rows(self, tables: list[str]) -> dict[str, list[tuple]]:
+        self.c.start()
+        self.c.wait_master(timeout_s=60)
+        try:
+            return {t: canon(self.c.replica_rows(1, t)) for t in tables}
+        finally:
+            self.c.stop_all()
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def canon(rows: list[dict]) -> list[tuple]:
+    return [tuple(sorted(r.items())) for r in rows]
+
+
+def receiver_rows(c: LocalCluster, node: int, tables: list[str]) -> dict[str, list[tuple]]:
+    return {t: canon(c.replica_rows(node, t)) for t in tables}
+
+
+def gen_rows(tables: list[str], n: int, bucket: int = 0, ts0: int = 0, value: float = 0.0,
+             ) -> list[tuple[str, int, dict]]:
+    return [(t, bucket * SPAN_MS + ts0 + i, {"x": value + i, "tag": f"{t}-{i}"})
+            for t in tables for i in range(n)]
+
+
+def ship(edge: Edge, recv: LocalCluster, *extra: str, sender_id: int = 7, secret: str = SECRET,
+         env: dict | None = None, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+    to = ",".join(n.replication for n in recv.nodes.values())
+    e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+    e.update(VREPL_SHIP_SECRET=secret, **(env or {}))
+    return subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                      "--sender-id", str(sender_id), "--vgroup", str(VG),
+                                      "--retries", "2", *extra),
+                          env=e, capture_output=True, text=True, timeout=timeout_s)
+
+
+def metric(recv: LocalCluster, node: int, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"http://{recv.nodes[node].http}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def leftovers(recv: LocalCluster) -> list[str]:
+    """Files a finished round must not leave: staged/incoming ingest files, received data."""
+    out = []
+    for n in recv.nodes.values():
+        vg = os.path.join(n.dir, "data", f"vg{VG}")
+        for sub in ("ingest/incoming", "ingest/staged"):
+            d = os.path.join(vg, sub)
+            if os.path.isdir(d):
+                for root, _, files in os.walk(d):
+                    out += [os.path.join(root, f) for f in files]
+        ship = os.path.join(vg, "ship")
+        if os.path.isdir(ship):
+            for uuid in os.listdir(ship):
+                d = os.path.join(ship, uuid, "data")
+                if os.path.isdir(d):
+                    out += [os.path.join(d, f) for f in os.listdir(d)]
+                for f in ("sync.log", "load.log", "sync.end"):
+                    if os.path.exists(os.path.join(ship, uuid, f)):
+                        out.append(os.path.join(ship, uuid, f))
+    return out
+
+
+def sender_leftovers(edge: Edge) -> list[str]:
+    root = os.path.join(edge.vg, "ship")
+    out = []
+    for d in os.listdir(root):
+        for f in ("snapshot", "sync.log", "current_local_files.txt"):
+            if os.path.exists(os.path.join(root, d, f)):
+                out.append(os.path.join(d, f))
+    return out
+
+
+@pytest.fixture
+def edge(tmp_path):
+    e = Edge(str(tmp_path))
+    yield e
+    e.close()
+
+
+def receiver(tmp_path, n: int, name: str = "recv") -> LocalCluster:
+    c = LocalCluster(os.path.join(str(tmp_path), name), n,
+                     ship_senders=[{"id": 7, "secret": SECRET}, {"id": 8, "secret": SECRET + "-8"}])
+    c.start()
+    c.wait_master(slaves=n - 1, timeout_s=60)
+    return c
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas):
+    tables = ["cpu", "mem"]
+    edge.write(gen_rows(tables, 300) + gen_rows(tables, 100, bucket=1))
+    recv = receiver(tmp_path, replicas)
+    try:
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "4 of 4 new files loaded" in p.stdout
+        want = edge.rows(tables)
+        assert sum(len(v) for v in want.values()) == 800
+        for nid in recv.nodes:
+            recv.wait_for(f"n{nid} holds the round", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
+                          20, 0.2)
+        assert leftovers(recv) == [] and sender_leftovers(edge) == []
+
+        # Nothing new: no file data crosses.
+        master = recv.master()
+        before = metric(recv, master, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "nothing new" in p.stdout
+        assert metric(recv, master, "vrepl_ship_received_bytes_total") == before
+
+        # An update of historical rows and new rows in an old bucket: the flush replaces the
+        # bucket's file; the round ships the deletion and the new file.
+        edge.write(gen_rows(["cpu"], 50, value=1000.0) + gen_rows(["disk"], 10))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "1 of 1 deletions applied" in p.stdout, p.stdout
+        tables.append("disk")
+        want = edge.rows(tables)
+        assert [r for r in want["cpu"] if dict(r)["ts"] == 10][0] == tuple(sorted(
+            {**dict(want["cpu"][10]), "x": 1010.0}.items()))
+        for nid in recv.nodes:
+            recv.wait_for(f"n{nid} holds the update", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
+                          20, 0.2)
+        st = recv.status(master)["ship_senders"]
+        assert len(st) == 1 and st[0]["sender_id"] == 7 and st[0]["last_error"] == ""
+        assert st[0]["files"] == 5
+    finally:
+        recv.close()
+
+
+def test_wrong_secret_and_unknown_sender_are_refused(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once", secret="not-the-secret-of-sender-7")
+        assert p.returncode == EXIT_PEER
+        assert "has another secret" in p.stderr
+        p = ship(edge, recv, "--once", sender_id=99)
+        assert p.returncode == EXIT_PEER
+        assert "refused the ship connection" in p.stderr
+        assert recv.replica_rows(1, "cpu") == []
+        # The right secret of another sender is not this sender's.
+        p = ship(edge, recv, "--once", sender_id=8)
+        assert p.returncode == EXIT_PEER
+        assert metric(recv, 1, "vrepl_ship_refusals_total", reason="unknown_sender") >= 1
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        assert len(recv.replica_rows(1, "cpu")) == 10
+    finally:
+        recv.close()
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a\x00b", "data/../../x"])
+def test_hostile_names_are_refused(tmp_path, name):
+    recv = receiver(tmp_path, 1)
+    try:
+        host, port = recv.nodes[1].replication.split(":")
+        s = connect(host, int(port), secret=(SECRET + "-8").encode(), sender_id=8, vgroup=VG)
+        try:
+            s.send(P.Begin(1, bytes(range(16)), 5, 0, 0, "ms", SPAN_MS, 0, bytes(32), 0, 1, 10, "evil"))
+            st = s.recv()
+            assert type(st) is P.State
+            s.send(P.Schema(b'{"tables":{"cpu":{"x":"float"}}}'))
+            s.send(P.SchemaEnd(1))
+            assert type(s.recv()) is P.SchemaOk
+            s.send(P.Offer((P.FileEntry(0, "cpu", 0, 10, 5, 1, name),)))
+            with pytest.raises(Refused) as ei:
+                s.recv()
+            assert ei.value.code == ERR_UNSAFE_NAME
+        finally:
+            s.close()
+        vg = os.path.join(recv.nodes[1].dir, "data", f"vg{VG}")
+        assert not os.path.exists(os.path.join(vg, "x"))
+        assert not os.path.exists(os.path.join(recv.nodes[1].dir, "data", "x"))
+    finally:
+        recv.close()
+
+
+SENDER_POINTS = sorted(registered("ship.sender."))
+
+
+def test_sender_killed_at_every_point_converges(tmp_path, edge):
+    """SIGKILL of `vrepl ship` at each named kill point; the next round converges: the
+    receiver holds exactly the edge's rows, nothing is left staged on either side."""
+    assert len(SENDER_POINTS) >= 6
+    recv = receiver(tmp_path, 1)
+    tables: list[str] = []
+    try:
+        for k, point in enumerate(SENDER_POINTS):
+            new = [f"t{k}a", f"t{k}b"]
+            tables += new
+            # New tables, and new rows in the first table's file (a deletion + a new file).
+            edge.write(gen_rows(new, 200) + (gen_rows(tables[:1], 5, ts0=1000 + k * 10) if k else []))
+            p = ship(edge, recv, "--once", env={"VREPL_KILLPOINT": point})
+            assert p.returncode == -9, f"{point}: {p.returncode} {p.stderr}"
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_OK, f"{point}: {p.stderr}"
+            want = edge.rows(tables)
+            got = receiver_rows(recv, 1, tables)
+            assert got == want, point
+            assert leftovers(recv) == [], point
+            assert sender_leftovers(edge) == [], point
+    finally:
+        recv.close()
+
+
+def test_cut_mid_file_resumes_from_the_receivers_offset(tmp_path, edge):
+    rows = [("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(120_000)]
+    edge.write(rows)
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once", env={"VREPL_KILLPOINT": "ship.sender.mid_file@2"})
+        assert p.returncode == -9, p.stderr
+        recv.wait_for("the receiver saw the cut", lambda: metric(recv, 1, "vrepl_ship_rounds_total",
+                                                                  outcome="cut") >= 1, 10, 0.1)
+        got_first = metric(recv, 1, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(os.path.join(edge.vg, "data"))
+                   for f in fs if f.endswith(".parquet"))
+        total = metric(recv, 1, "vrepl_ship_received_bytes_total")
+        assert size > 2_000_000
+        assert total <= size * 1.05, (total, size, got_first)
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+    finally:
+        recv.close()
+
+
+def test_second_sender_process_and_foreign_owner_are_refused(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    other = Edge(str(tmp_path), "other")
+    recv = receiver(tmp_path, 1)
+    try:
+        other.write(gen_rows(["cpu"], 10, ts0=5000))
+        # Two processes for the same data directory and receiver: the OS lock refuses one.
+        to = recv.nodes[1].replication
+        env = dict(os.environ, VREPL_SHIP_SECRET=SECRET)
+        first = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                             "--sender-id", "7", "--period", "60"),
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            recv.wait_for("the first round", lambda: len(recv.replica_rows(1, "cpu")) == 10, 30, 0.2)
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_IN_USE, p.stderr
+            assert "another vrepl ship runs" in p.stderr
+        finally:
+            first.terminate()
+            first.wait(10)
+        # Another sender (another UUID) shipping the same table: refused with the reason.
+        p = ship(other, recv, "--once", sender_id=8, secret=SECRET + "-8")
+        assert p.returncode == EXIT_REFUSED, p.stderr
+        assert "belongs to sender" in p.stderr and "a table has one source" in p.stderr
+        st = recv.status(1)["ship_senders"]
+        assert any("belongs to sender" in s["last_error"] for s in st)
+        shown = subprocess.run(python_argv("-m", "vrepl.cli", "status", "--node", recv.nodes[1].http),
+                               capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert "ship sender" in shown.stdout and "belongs to sender" in shown.stdout.replace("\n", " ")
+        assert len(recv.replica_rows(1, "cpu")) == 10
+        # The operator transfers the table; then the other sender may ship it.
+        uuid = open(os.path.join(other.vg, "ship", "uuid.txt")).read().strip()
+        o = subprocess.run(python_argv("-m", "vrepl.cli", "ship-owner", "--node", recv.nodes[1].http,
+                                       "--vgroup", str(VG), "cpu", "--to", uuid),
+                           capture_output=True, text=True, timeout=30)
+        assert o.returncode == 0, o.stderr
+        assert f"cpu\t{uuid}" in o.stdout
+        p = ship(other, recv, "--once", sender_id=8, secret=SECRET + "-8")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert len(recv.replica_rows(1, "cpu")) == 20
+    finally:
+        other.close()
+        recv.close()
+
+
+def test_kill_points_are_registered_and_unique():
+    assert set(SENDER_POINTS) >= {"ship.sender.after_snapshot", "ship.sender.after_log_start",
+                                  "ship.sender.mid_file", "ship.sender.after_file_sent",
+                                  "ship.sender.after_loaded_log", "ship.sender.after_done"}
+
+
+
+def test_type_conflict_refuses_the_round_before_anything_is_staged(tmp_path, edge):
+    edge.write([("cpu", i, {"x": f"text-{i}"}) for i in range(10)])     # x is a string here
+    recv = receiver(tmp_path, 1)
+    try:
+        cl = recv.client()
+        cl.write(VG, [("cpu", 100 + i, {"x": float(i)}) for i in range(5)])  # ... and a float there
+        cl.close()
+        recv.kill(1, signal.SIGTERM)                  # archive the receiver's own rows
+        recv.start(1)
+        recv.wait_master()
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://{recv.nodes[1].http}/v1/vgroups/{VG}/ship/owners",
+            data=b'{"table": "cpu", "owner": null}', method="POST"), timeout=5).read()
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_REFUSED, p.stderr
+        assert "type conflict: cpu.x is str on the sender, float on the receiver" in p.stderr
+        assert leftovers(recv) == []
+        assert len(recv.replica_rows(1, "cpu")) == 5
+    finally:
+        recv.close()
+
+
+RECEIVER_POINTS = ["ship.receiver.after_receive", "ship.receiver.after_ingest",
+                   "ship.receiver.after_load_log", "ship.receiver.after_sync_end"]
+
+
+def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
+    """SIGKILL of the receiving node at each of its ship kill points; after a restart the
+    next round converges: the receiver holds exactly the edge's rows, nothing left staged."""
+    from vrepl.node import shipreceiver  # noqa: F401  (registers the receiver's kill points)
+
+    assert set(RECEIVER_POINTS) == set(registered("ship.receiver."))
+    recv = receiver(tmp_path, 1)
+    tables: list[str] = []
+    try:
+        for k, point in enumerate(RECEIVER_POINTS):
+            new = [f"r{k}a", f"r{k}b"]
+            tables += new
+            edge.write(gen_rows(new, 200) + (gen_rows(tables[:1], 5, ts0=1000 + k * 10) if k else []))
+            recv.kill(1, signal.SIGTERM)
+            monkeypatch.setenv("VREPL_KILLPOINT", point)
+            recv.start(1)
+            monkeypatch.delenv("VREPL_KILLPOINT")
+            recv.wait_master()
+            p = ship(edge, recv, "--once", "--retries", "0")
+            assert p.returncode != EXIT_OK, f"{point}: {p.stdout}"
+            recv.wait_for(f"the node died at {point}", lambda: not recv.nodes[1].alive(), 10, 0.1)
+            recv.start(1)
+            recv.wait_master()
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_OK, f"{point}: {p.stderr}"
+            want = edge.rows(tables)
+            assert receiver_rows(recv, 1, tables) == want, point
+            assert leftovers(recv) == [], point
+            assert sender_leftovers(edge) == [], point
+    finally:
+        recv.close()
+
+
+def _hostile_session(recv: LocalCluster, uuid: bytes, table: str):
+    host, port = recv.nodes[1].replication.split(":")
+    s = connect(host, int(port), secret=(SECRET + "-8").encode(), sender_id=8, vgroup=VG)
+    s.send(P.Begin(1, uuid, 5, 0, 0, "ms", SPAN_MS, 0, bytes(32), 0, 1, 10, "liar"))
+    assert type(s.recv()) is P.State
+    s.send(P.Schema(b'{"tables":{"%s":{"x":"float"}}}' % table.encode()))
+    s.send(P.SchemaEnd(1))
+    assert type(s.recv()) is P.SchemaOk
+    s.send(P.Offer((P.FileEntry(0, table, 0, 10, 0x1234, 1, f"data/{table}/b0-v1.parquet"),)))
+    want = s.recv()
+    assert type(want) is P.Want and want.items == ((0, P.WANT_SEND, 0),)
+    return s
+
+
+def test_a_sender_lying_about_size_or_bytes_is_refused(tmp_path):
+    recv = receiver(tmp_path, 1)
+    try:
+        # Bytes that do not match the announced checksum: RESULT bad, nothing kept.
+        s = _hostile_session(recv, bytes(range(16)), "cpu")
+        try:
+            s.send(P.Data(0, 0, 10))
+            s.raw.send_bytes(b"0123456789")
+            res = s.recv()
+            assert type(res) is P.Result and res.status == P.RESULT_BAD and "announced 0x00001234" in res.reason
+        finally:
+            s.close()
+        # More bytes than the offer announced: refused before a byte is written.
+        s = _hostile_session(recv, bytes(range(1, 17)), "mem")    # another sender: the first may still be ending
+        try:
+            s.send(P.Data(0, 0, 20))
+            with pytest.raises(Refused) as ei:
+                s.recv()
+            assert ei.value.code == ERR_BAD_DATA and "the file is 10 B" in ei.value.reason
+        finally:
+            s.close()
+        assert recv.replica_rows(1, "cpu") == [] and recv.replica_rows(1, "mem") == []
+        # The cut round keeps its sync.log until the sender's next BEGIN (docs/ship.md §5.2);
+        # no received byte is kept: the bad file was deleted, the oversized one never written.
+        recv.wait_for("the sessions ended", lambda: not any(x["connected"] for x in recv.status(1)["ship_senders"]),
+                      10, 0.1)
+        assert [f for f in leftovers(recv) if not f.endswith(("sync.log", "load.log"))] == []
+    finally:
+        recv.close()
+
+
+def test_a_sender_whose_address_changes_stays_the_owner(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once", "--bind", "127.0.0.1").returncode == EXIT_OK
+        edge.write(gen_rows(["cpu"], 10, ts0=100))
+        p = ship(edge, recv, "--once", "--bind", "127.0.0.2")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert len(recv.replica_rows(1, "cpu")) == 20
+        st = recv.status(1)["ship_senders"]
+        assert len(st) == 1 and st[0]["peer"].startswith("127.0.0.2:")
+    finally:
+        recv.close()
+
+
+def test_on_flush_ships_each_time_the_vnode_archives(tmp_path, edge):
+    edge.write(gen_rows(["cpu"], 10))
+    recv = receiver(tmp_path, 1)
+    try:
+        to = recv.nodes[1].replication
+        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        env["VREPL_SHIP_SECRET"] = SECRET
+        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                            "--sender-id", "7", "--on-flush"),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            recv.wait_for("the first round", lambda: len(recv.replica_rows(1, "cpu")) == 10, 30, 0.2)
+            edge.write(gen_rows(["cpu"], 10, ts0=100))        # the edge flushes: its manifest changes
+            recv.wait_for("the round after the flush", lambda: len(recv.replica_rows(1, "cpu")) == 20, 30, 0.2)
+        finally:
+            proc.terminate()
+            out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 3, err       # SIGTERM: interrupted (docs/ship.md §8.2)
+        assert "new files loaded" in out, out
+    finally:
+        recv.close()
+
+
+class FlipProxy:
+    """A TCP proxy on 127.0.0.1 that flips one bit of the sender's stream once, `flip_at`
+    bytes into its first connection (inside a file's raw bytes for a file above 1 MiB)."""
+
+    def __init__(self, target: str, flip_at: int) -> None:
+        import socket
+        import threading
+
+        host, port = target.split(":")
+        self.target = (host, int(port))
+        self.flip_at = flip_at
+        self.flipped = False
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.port = self.lsock.getsockname()[1]
+        self.threads = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        first = True
+        while True:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            s = socket.create_connection(self.target)
+            for src, dst, flip in ((c, s, first), (s, c, False)):
+                threading.Thread(target=self._pump, args=(src, dst, flip), daemon=True).start()
+            first = False
+
+    def _pump(self, src, dst, flip: bool) -> None:
+        seen = 0
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if flip and not self.flipped and seen + len(data) > self.flip_at:
+                    k = self.flip_at - seen
+                    data = data[:k] + bytes([data[k] ^ 0x10]) + data[k + 1:]
+                    self.flipped = True
+                seen += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for x in (src, dst):
+                try:
+                    x.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.lsock.close()
+
+
+def test_a_bit_flipped_in_transit_is_caught_and_the_file_sent_again(tmp_path, edge):
+    edge.write([("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(60_000)])
+    recv = receiver(tmp_path, 1)
+    proxy = FlipProxy(recv.nodes[1].replication, flip_at=600_000)
+    try:
+        e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        e["VREPL_SHIP_SECRET"] = SECRET
+        p = subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", f"127.0.0.1:{proxy.port}", "--data",
+                                       edge.vg, "--sender-id", "7", "--once"),
+                           env=e, capture_output=True, text=True, timeout=120)
+        assert p.returncode == EXIT_OK, p.stderr
+        assert proxy.flipped
+        assert "1 files sent again" in p.stdout, p.stdout
+        assert metric(recv, 1, "vrepl_ship_bad_files_total") == 1
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+    finally:
+        proxy.close()
+        recv.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_at_the_receiver_mid_file_is_reported_and_the_next_round_repairs(tmp_path, edge):
+    """The receiver's data/ of this sender on a 1 MiB tmpfs: the file does not fit, the
+    round fails with disk_full (exit 6); once there is room the next round loads it."""
+    edge.write([("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(120_000)])
+    uuid = "ab" * 16
+    recv = receiver(tmp_path, 1)
+    data = os.path.join(recv.nodes[1].dir, "data", f"vg{VG}", "ship", uuid, "data")
+    os.makedirs(data)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", data], check=True)
+    mounted = True
+    try:
+        p = ship(edge, recv, "--once", "--uuid", uuid)
+        assert p.returncode == 6, p.stderr
+        assert "No space left on device" in p.stderr
+        assert recv.replica_rows(1, "big") == []
+        subprocess.run(["umount", data], check=True)
+        mounted = False
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+        assert leftovers(recv) == []
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", data])
+        recv.close()
+
+
+def test_a_failover_of_the_receiving_vgroup_between_rounds_converges(tmp_path, edge):
+    """The master that received the rounds is SIGKILLed; the new master has no state of the
+    sender (files.txt, owners.json): it rebuilds it from the archive, the digests differ, the
+    sender reconciles, and the next round (with an update) reaches every live replica."""
+    edge.write(gen_rows(["cpu", "mem"], 100))
+    recv = receiver(tmp_path, 3)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        edge.write(gen_rows(["cpu"], 20, value=500.0))        # replaces cpu's file
+        old = recv.master()
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        recv.kill(old)
+        new = recv.wait_master(slaves=1, timeout_s=60)
+        assert new != old
+        edge.write(gen_rows(["disk"], 10) + gen_rows(["mem"], 5, value=900.0))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "reconciled" in p.stdout, p.stdout
+        want = edge.rows(["cpu", "mem", "disk"])
+        for nid in recv.nodes:
+            if nid != old:
+                recv.wait_for(f"n{nid} holds every round",
+                              lambda nid=nid: receiver_rows(recv, nid, ["cpu", "mem", "disk"]) == want, 30, 0.2)
+        assert ship(edge, recv, "--once").stdout.count("nothing new") == 1
+    finally:
+        recv.close()
