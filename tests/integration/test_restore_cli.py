@@ -23,7 +23,7 @@ from vrepl.restore.dirsink import DirSink
 from vrepl.restore.errors import UnsafeName
 from vrepl.restore.receiver import Receiver
 from vrepl.restore.stream import SyncStream
-from vrepl.restore.testapp import SECRET, VnodeApp, make_configs, strip_epoch, wait_for
+from vrepl.testing.restore_app import SECRET, VnodeApp, make_configs, strip_epoch, wait_for
 from vrepl.vnode import Vnode
 from vrepl.vnode.config import VnodeConfig
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from vrepl.restore.config import RestoreConfig
-from vrepl.restore.testapp import VnodeApp, make_configs, wait_for
+from vrepl.testing.restore_app import VnodeApp, make_configs, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
