@@ -1,5 +1,6 @@
-"""Scenario tests of the commit index (docs/design.md §4.4): Replica objects stepped through
-the deterministic network of simnet.py, checking exact actions by their describe() strings.
+"""Scenario tests of the commit index (docs/design.md §4.4): replicas, each driven by the
+production Driver, stepped through the scripted network (vrepl/testing/scripted.py), checking
+exact actions by their describe() strings.
 
 The commit version says which records the app may archive: on a master, the highest version
 confirmed ok in its own epoch; on a follower, the master's Commit as far as its own log is
@@ -9,7 +10,7 @@ durable and known to match; never below a WAL truncation (project issue 13).
 from __future__ import annotations
 
 import pytest
-from simnet import Net
+from vrepl.testing.scripted import Net
 from test_replica_scenarios import elect, no_logs
 
 from vrepl.replica import (

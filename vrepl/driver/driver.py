@@ -343,6 +343,11 @@ class Driver:
 
     # ================================================================== actions out
 
+    def execute(self, actions: list) -> None:
+        """Execute actions a harness got by stepping the replica itself (scenario tests)."""
+        invariant(not self._executing, "execute() is not called from inside an action list")
+        self._execute(actions)
+
     def _execute(self, actions: list) -> None:
         """Execute one action list IN ORDER (the ordering contract, module doc)."""
         self._executing = True

@@ -6,8 +6,8 @@ and the contract each implementation keeps —
 * `Bus`: frames to the other replicas and to the arbitrator, connection resets, send-queue
   state. Frames are the wire codec's bytes (vrepl/transport/codec.py): the driver encodes,
   the bus carries.
-* `Storage`: the WAL (append a block of encoded records, truncate after a version, reset
-  for a restore's rebase, read it back for streaming) and the promise (durable on return).
+* `Storage`: the WAL (append a block of encoded records, truncate after a version, rebase
+  it for a restore, read it back for streaming) and the promise (durable on return).
 * `App`: the embedding's callbacks (write to cache, confirm, commit, role and flow notices,
   WAL truncated).
 * `Restorer`: starts a restore session for a follower too far behind (docs/restore.md).
@@ -83,8 +83,9 @@ class Storage(Protocol):
     def truncate_after(self, version: int) -> None:
         """Discard every record above `version`."""
 
-    def reset(self, base_version: int, base_epoch: int) -> None:
-        """Drop the whole WAL; the next record is base_version + 1 (a restore's rebase)."""
+    def rebase(self, base_version: int, base_epoch: int) -> None:
+        """Drop the whole WAL; the next record is base_version + 1 (a restore installed
+        archived files holding every version up to base_version)."""
 
     def first_version(self) -> int:
         """The first version the WAL still holds, 0 when it holds none."""

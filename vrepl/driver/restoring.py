@@ -146,7 +146,7 @@ class ReplicaRestore:
             return why
         r = self.d.replica
         if base > r.last_version:
-            self.d.storage.reset(base, prev_epoch)
+            self.d.storage.rebase(base, prev_epoch)
             self._step(LogRebased(prev_epoch, base, history))
             if r.last_version != base:
                 return f"the replica refused to rebase at v{base}"

@@ -400,7 +400,7 @@ class LoopStorage:
     def truncate_after(self, version: int) -> None:
         self.store.truncate_after(version)
 
-    def reset(self, base_version: int, base_epoch: int) -> None:
+    def rebase(self, base_version: int, base_epoch: int) -> None:
         self.store.reset(base_version, base_epoch)
 
     def first_version(self) -> int:
