@@ -1,21 +1,21 @@
-"""The simulated cluster: real `Replica` state machines over a simulated network, disks,
-apps, clocks and arbitrator, all driven by one seeded PRNG (docs/simulation.md).
+"""The simulated cluster: each node the production `vrepl.driver.Driver` (owning a real
+`Replica`) over a simulated network, disk, app, clock and arbitrator, all driven by one
+seeded PRNG (docs/simulation.md).
 
-Owns: `World` — the event heap and simulated time, the per-connection FIFO channels, each
-node's WAL (a durable prefix and a volatile tail made durable by a simulated fsync), the
-promise file, the app (WriteToCache -> AppAcked after a delay; a memtable of applied records
-and an archived prefix that survives crashes, flushed up to the flush limit, as the vnode
-behaves), the client's view of every write (ConfirmForward), the arbitrator (vrepl.replica.lease.LeaseTable), fault injection
-and the two phases (safety under faults, then liveness after healing). Every replica action
-is executed in list order as a real transport must (vrepl/replica/actions.py ORDERING
-CONTRACT): PersistPromisedEpoch is durable before the Sends after it, storage jobs complete
-in the order issued (every WalPersisted of earlier appends before a TruncateDone).
+Owns: `World` — the event heap and simulated time, the per-connection FIFO channels that
+carry encoded frames, each node's WAL (a durable prefix and a volatile tail made durable by
+a simulated fsync; a crash may tear it), the promise file, the app (write_to_cache ->
+AppAcked after a delay; a memtable of applied records and an archived prefix that survives
+crashes, flushed up to the flush limit, as the vnode behaves), the client's view of every
+write (confirm_forward), the arbitrator (vrepl.replica.lease.LeaseTable), fault injection
+and the two phases (safety under faults, then liveness after healing). The world executes
+no action: the driver does, through the node's ports (vrepl/testing/sim/ports.py), and every
+completion comes back through the driver's entry for it.
 
 Faithful to the TCP transport the core is written for: messages of one connection arrive in
 order or not at all; loss breaks the connection (the rest of it is lost too); a partition
 holds messages back (TCP retransmits) until it heals or the connection is reset. Reordering
-comes from different connections (and the stream of StreamWalFrom, on a channel of its own)
-racing each other, from random latency and from clock drift.
+comes from different connections racing each other, from random latency and from clock drift.
 
 Must not: use the global `random`, wall-clock time, threads or sockets; everything random
 comes from `self.rng`, so a seed replays exactly (the app's flush points from `self.app_rng`,
@@ -29,63 +29,51 @@ import hashlib
 import heapq
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
+from vrepl.driver import Driver
 from vrepl.replica import (
     AppAcked,
     AppForward,
-    AppForwardBatch,
     ArbitratorConnected,
-    ArbitratorGranted,
+    ArbitratorGrant,
     ArbitratorLost,
-    ArbitratorRefused,
-    CommitAdvanced,
+    ArbitratorRequest,
     Config,
     ConfirmForward,
     ConfirmStatus,
-    FlowControl,
-    Forward,
-    ForwardBatch,
     InvariantViolation,
     LeaseTable,
-    Log,
     NotifyRole,
     PeerConnected,
     PeerDisconnected,
-    PersistBatch,
-    PersistPromisedEpoch,
-    PersistRecords,
-    Received,
     Record,
     Replica,
-    RequestArbitratorGrant,
-    ResetConnection,
     Role,
-    Send,
-    StreamWalFrom,
     TruncateDone,
-    TruncateWalAfter,
     WalPersisted,
-    WriteToCache,
-    WriteToCacheBatch,
 )
 from vrepl.replica.history import EpochHistory
 from vrepl.replica.messages import NO_NODE
+from vrepl.testing.records import encode_block
 from vrepl.testing.sim.checker import History, SafetyViolation
 from vrepl.testing.sim.options import UNITS_PER_TICK, SimOptions
+from vrepl.testing.sim.ports import Channel, Conn, SimError, SimNode, SimPorts, torn_recovery
+from vrepl.transport import codec
 
 VGROUP = 7
 ARB = -1  # the arbitrator's "node id" in link keys
+TICK_MS = 100  # a tick's length in the replicas' config (the arbitrator's lease_ms is in it)
+MID_LIST_CRASH_CHANCE = 0.3  # an armed crash lands before each action with this chance, else after the list
 
 
 class LivenessFailure(AssertionError):
     """After every fault healed, the cluster did not elect a master and converge in time."""
 
 
-class SimError(AssertionError):
-    """The simulated environment saw something a real transport/WAL would refuse (a bug in
-    the replica's use of its actions, or in the simulator)."""
+class _Crash(Exception):
+    """Raised from the driver's action hook: the process dies before this action runs."""
 
 
 def history_pairs(wal: list[Record]) -> tuple[tuple[int, int], ...]:
@@ -93,72 +81,6 @@ def history_pairs(wal: list[Record]) -> tuple[tuple[int, int], ...]:
     for rec in wal:
         h.note_append(rec.epoch, rec.version)
     return h.pairs()
-
-
-@dataclass(slots=True)
-class Channel:
-    """One FIFO stream of deliveries to one destination: (ready_time, item) in order."""
-
-    kind: str  # "peer", "stream", "local", "n2a", "a2n"
-    src: int
-    dst: int
-    gen: int
-    q: deque = field(default_factory=deque)
-    armed: bool = False
-    dead: bool = False
-
-
-@dataclass(slots=True)
-class Conn:
-    a: int
-    b: int
-    gen: int
-    alive: bool = True
-
-
-@dataclass
-class SimNode:
-    node: int
-    index: int
-    tick_period: int
-    replica: Replica | None = None
-    up: bool = True
-    paused: bool = False
-    inc: int = 0  # incarnation: bumped by every crash, voids its pending work
-    wal: list[Record] = field(default_factory=list)
-    durable: int = 0
-    promise: tuple[int, int] = (0, NO_NODE)
-    jobs: deque = field(default_factory=deque)  # storage jobs: ["sync", up_to] / ["trunc", v]
-    job_running: bool = False
-    fsync_slow_until: int = 0  # time (units) until which this disk is slow
-    disk_stalled_until: int = 0  # no storage job completes before this time (units)
-    app_q: deque = field(default_factory=deque)  # (ready_time, version)
-    app_last: int = 0
-    # The app's data (docs/simulation.md §App): records applied above the archive (lost by a
-    # crash), the archived prefix (files: survives crashes), the commit version it was told
-    # (CommitAdvanced; 0 after a restart) and how far its commits went to the checker.
-    memtable: list[Record] = field(default_factory=list)
-    archive: list[Record] = field(default_factory=list)
-    app_commit: int = 0
-    commit_checked: int = 0
-    local: Channel | None = None
-    sock: dict[int, int | None] = field(default_factory=dict)  # peer -> connection gen this node holds
-    arb_sock: int | None = None
-    followups: deque = field(default_factory=deque)  # events stepped right after the current list
-    outstanding: dict[int, Record] = field(default_factory=dict)  # the client's writes in flight
-    crash_armed: bool = False  # crash at a random point of the next action list
-    crash_now: bool = False  # crash right after the action being executed
-    truncating: int = 0  # TruncateWalAfter issued, TruncateDone not yet stepped
-    tick_token: int = 0  # voids a timer left over from before a pause or restart
-    down_since: int = 0
-    paused_since: int = 0
-
-    def jobs_trunc_target(self) -> int:
-        return next((arg for kind, arg in self.jobs if kind == "trunc"), -1)
-
-    @property
-    def running(self) -> bool:
-        return self.up and not self.paused
 
 
 @dataclass
@@ -263,12 +185,21 @@ class World:
     def _boot(self, sn: SimNode, conservative: bool = False) -> None:
         sn.up, sn.paused = True, False
         sn.replica = Replica(self.config_for(sn, conservative))
+        ports = SimPorts(self, sn)
+
+        def on_action(action: object) -> None:
+            # A crash in the middle of a list: the actions before this one ran, the rest never do.
+            sn.actions_seen += 1
+            if sn.crash_now or (sn.crash_armed and self.rng.random() < MID_LIST_CRASH_CHANCE):
+                raise _Crash()
+
+        sn.driver = Driver(sn.replica, ports, ports, ports, on_action=on_action)
         sn.durable = len(sn.wal)
         self._app_recover(sn)
         sn.local = Channel("local", sn.node, sn.node, sn.inc)
         sn.sock = {p: None for p in sn.sock}
         sn.arb_sock = None
-        self._execute(sn, sn.replica.start())
+        self._drive(sn, "start", sn.driver.start)
         self._arm_timer(sn)
 
     def _arm_timer(self, sn: SimNode) -> None:
@@ -321,7 +252,7 @@ class World:
     def _blocked(self, ch: Channel) -> bool:
         if ch.kind == "local":
             return self.nodes[ch.dst].paused
-        if ch.kind in ("peer", "stream"):
+        if ch.kind == "peer":
             return (ch.src, ch.dst) in self.blocked or self.nodes[ch.dst].paused
         if ch.kind == "n2a":
             return (ch.src, ARB) in self.blocked
@@ -340,8 +271,8 @@ class World:
             self._push(max(self.now, ch.q[0][0]), "chan", ch)
         kind = ch.kind
         if kind == "local":
-            self._step(self.nodes[ch.dst], item)
-        elif kind in ("peer", "stream"):
+            self._on_local(self.nodes[ch.dst], item)
+        elif kind == "peer":
             self._on_peer_item(ch, item)
         elif kind == "n2a":
             self._on_arbitrator_request(ch, item)
@@ -395,27 +326,27 @@ class World:
             return
         conn.alive = False
         gen = conn.gen
-        for kind in ("peer", "stream"):
-            for s, d in ((a, b), (b, a)):
-                ch = self.channels.pop((kind, s, d, gen), None)
-                if ch is not None:
-                    ch.dead = True
+        for s, d in ((a, b), (b, a)):
+            ch = self.channels.pop(("peer", s, d, gen), None)
+            if ch is not None:
+                ch.dead = True
         if notify:
             for s, d in ((a, b), (b, a)):
                 if self.nodes[d].sock.get(s) == gen:
                     # A channel of its own (not registered): the close notice outlives the link.
                     self._enqueue(Channel("peer", s, d, gen), ("closed",), self._latency(s, d))
 
-    def _reset_by(self, sn: SimNode, peer: int) -> None:
-        """`sn` closes its socket to `peer` (ResetConnection, heartbeat timeout)."""
+    def reset_link(self, sn: SimNode, peer: int) -> bool:
+        """Bus.reset: `sn` closes its socket to `peer` (ResetConnection, a bad frame); True
+        when one was open (the driver then steps PeerDisconnected itself)."""
         gen = sn.sock.get(peer)
         if gen is None:
-            return
+            return False
         sn.sock[peer] = None
         conn = self.conns.get(self._pair(sn.node, peer))
         if conn is not None and conn.gen == gen:
             self._break(sn.node, peer, notify=True)
-        sn.followups.append(PeerDisconnected(peer))
+        return True
 
     def _on_peer_item(self, ch: Channel, item) -> None:
         dst = self.nodes[ch.dst]
@@ -430,33 +361,35 @@ class World:
                 if dst.sock[ch.src] is not None:
                     # A new connection from a peer replaces a half-open one.
                     dst.sock[ch.src] = None
-                    self._step(dst, PeerDisconnected(ch.src))
+                    self._event(dst, PeerDisconnected(ch.src))
                 dst.sock[ch.src] = ch.gen
-                self._step(dst, PeerConnected(ch.src))
+                self._event(dst, PeerConnected(ch.src))
             elif what == "closed":
                 if dst.sock[ch.src] == ch.gen:
                     dst.sock[ch.src] = None
-                    self._step(dst, PeerDisconnected(ch.src))
+                    self._event(dst, PeerDisconnected(ch.src))
             return
         if dst.sock[ch.src] != ch.gen:
             return
-        self._step(dst, Received(ch.src, item))
+        # The frame as the transport reads it: through the real wire codec.
+        msg = codec.decode_bytes(item)
+        self._drive(dst, f"n{ch.src}: {msg.describe()}", dst.driver.received, ch.src, [msg])
 
-    def _send(self, sn: SimNode, peer: int, msg, kind: str = "peer") -> bool:
+    def send_frame(self, sn: SimNode, peer: int, frame: bytes) -> None:
+        """Bus.send: one encoded frame on the connection `sn` holds to `peer`."""
         gen = sn.sock.get(peer)
         if gen is None:
-            return False
+            return
         conn = self.conns.get(self._pair(sn.node, peer))
         if conn is None or conn.gen != gen:
-            return False
+            return
         if self.faults_on and self.opts.conn_loss_rate and self.rng.random() < self.opts.conn_loss_rate:
             self.stats.conn_losses += 1
             # Lost on the wire: TCP gives up on the connection. Half the time both ends hear
             # of it at once, else only their heartbeat timeouts find out.
             self._break(sn.node, peer, notify=self.rng.random() < 0.5)
-            return False
-        self._enqueue(self._chan(kind, sn.node, peer, gen), msg, self._latency(sn.node, peer))
-        return True
+            return
+        self._enqueue(self._chan("peer", sn.node, peer, gen), frame, self._latency(sn.node, peer))
 
     # ================================================================== arbitrator
 
@@ -489,16 +422,36 @@ class World:
             if conn is None or conn.gen != ch.gen:
                 return
             sn.arb_sock = ch.gen
-            self._step(sn, ArbitratorConnected())
+            self._event(sn, ArbitratorConnected())
         elif what == "closed":
             if sn.arb_sock == item[1]:
                 sn.arb_sock = None
-                self._step(sn, ArbitratorLost())
-        elif sn.arb_sock == ch.gen:  # ("answer", epoch, granted)
-            self._step(sn, ArbitratorGranted(item[1]) if item[2] else ArbitratorRefused(item[1]))
+                self._event(sn, ArbitratorLost())
+        elif sn.arb_sock == ch.gen:  # ("answer", frame)
+            msg = codec.decode_bytes(item[1])
+            self._drive(sn, f"arbitrator: {msg.describe()}", sn.driver.arbitrator_message, msg)
 
-    def _on_arbitrator_request(self, ch: Channel, item) -> None:
-        node, epoch = item
+    def send_to_arbitrator(self, sn: SimNode, frame: bytes) -> None:
+        """Bus.to_arbitrator: one encoded frame on this node's arbitrator connection."""
+        conn = self.arb_conns.get(sn.node)
+        if sn.arb_sock is not None and conn is not None and conn.gen == sn.arb_sock:
+            self._enqueue(self._chan("n2a", sn.node, ARB, conn.gen), frame, self._latency(sn.node, ARB))
+
+    def reset_arbitrator_link(self, sn: SimNode) -> bool:
+        """Bus.reset_arbitrator: `sn` closes its arbitrator socket."""
+        if sn.arb_sock is None:
+            return False
+        conn = self.arb_conns.get(sn.node)
+        if conn is not None and conn.gen == sn.arb_sock:
+            self._arb_break(sn.node, notify=False)
+        sn.arb_sock = None
+        return True
+
+    def _on_arbitrator_request(self, ch: Channel, frame: bytes) -> None:
+        req = codec.decode_bytes(frame)
+        if type(req) is not ArbitratorRequest:
+            raise SimError(f"n{ch.src} sent the arbitrator {req.describe()}")
+        node, epoch = req.node, req.epoch
         conn = self.arb_conns.get(node)
         if not self.arb_up or conn is None or conn.gen != ch.gen:
             return
@@ -507,7 +460,9 @@ class World:
         else:
             granted = self.arb_table.request(VGROUP, node, epoch, self.now) is None
         self._trace(f"arbitrator {'grants' if granted else 'refuses'} n{node} e{epoch}")
-        self._enqueue(self._chan("a2n", ARB, node, ch.gen), ("answer", epoch, granted), self._latency(ARB, node))
+        lease_ms = self.arb_lease_units * TICK_MS // UNITS_PER_TICK
+        answer = codec.encode(ArbitratorGrant(req.vgroup_id, node, epoch, lease_ms, int(granted)))
+        self._enqueue(self._chan("a2n", ARB, node, ch.gen), ("answer", answer), self._latency(ARB, node))
 
     # ================================================================== stepping a replica
 
@@ -517,95 +472,59 @@ class World:
             self.trace.append(line)
         self._hash.update(line.encode())
 
-    def _step(self, sn: SimNode, event) -> None:
+    def _drive(self, sn: SimNode, what: str, call: Callable[..., object], *args: object) -> None:
+        """One call into `sn`'s driver (an event, a tick, frames, a completion), which runs the
+        actions it leads to; then the batch ends. A crash armed for this node lands before one
+        of those actions (the driver's hook raises _Crash) or after the last."""
         if not sn.up:
             return
         self.stats.events += 1
-        self._trace(f"n{sn.node} <- {event.describe()}")
-        if type(event) is TruncateDone:
-            sn.truncating -= 1
+        self._trace(f"n{sn.node} <- {what}")
+        sn.actions_seen = 0
         try:
-            actions = sn.replica.step(event)
+            call(*args)
+            sn.driver.end_batch()  # type: ignore[union-attr]
+        except _Crash:
+            self.crash(sn.node, mid_step=True)
+            return
         except InvariantViolation as exc:
-            raise InvariantViolation(f"n{sn.node} on {event.describe()}: {exc}") from exc
-        self._execute(sn, actions)
+            raise InvariantViolation(f"n{sn.node} on {what}: {exc}") from exc
+        if sn.crash_now or (sn.crash_armed and sn.actions_seen):
+            self.crash(sn.node, mid_step=True)
+            return
+        self._check_node(sn)
+
+    def _event(self, sn: SimNode, event) -> None:
+        if sn.up:
+            self._drive(sn, event.describe(), sn.driver.step, event)  # type: ignore[union-attr]
+
+    def _on_local(self, sn: SimNode, item) -> None:
+        """A completion of this node's disk or app, back through the driver's entry for it."""
+        if not sn.up:
+            return
+        d = sn.driver
+        t = type(item)
+        if t is WalPersisted:
+            self._drive(sn, item.describe(), d.wal_durable, item.up_to_version)
+        elif t is TruncateDone:
+            sn.truncating -= 1
+            self._drive(sn, item.describe(), d.wal_truncated, item.last_epoch, item.last_version)
+        elif t is AppAcked:
+            self._drive(sn, item.describe(), d.app_acked, item.version)
+        elif t is tuple:  # ("read", reader, from_version): the WAL read back for a stream
+            _, reader, first = item
+            recs = sn.wal[first - 1: first - 1 + self.rng.randint(1, 8)]
+            data, scan = encode_block(recs) if recs else (None, None)
+            self._drive(sn, f"WAL read v{first}: {len(recs)} records", d.wal_block, reader, data, scan)
+        else:
+            self._event(sn, item)
 
     def _on_node_tick(self, node: int, token: int) -> None:
         sn = self.nodes[node]
         if not sn.up or sn.tick_token != token or sn.paused:
             return  # a paused process's timer is frozen (it catches up nothing on SIGCONT)
         self._push(self.now + sn.tick_period, "tick", (node, token))
-        try:
-            actions = sn.replica.tick()
-        except InvariantViolation as exc:
-            raise InvariantViolation(f"n{sn.node} on tick: {exc}") from exc
-        self._execute(sn, actions)
-
-    def _execute(self, sn: SimNode, actions: list) -> None:
-        """Execute one action list in order, as the transport must (ORDERING CONTRACT)."""
-        cut = -1
-        if sn.crash_armed and actions:
-            # A crash in the middle of a list: the first `cut` actions ran, the rest never did.
-            sn.crash_armed = False
-            cut = self.rng.randrange(len(actions) + 1)
-        for k, a in enumerate(actions):
-            if k == cut:
-                self.crash(sn.node, mid_step=True)
-                return
-            t = type(a)
-            if t is Log:
-                continue
-            if t is Send:
-                self._send(sn, a.node, a.message)
-            elif t is PersistRecords:
-                self._append(sn, a.records)
-            elif t is PersistBatch:
-                self._append(sn, [Record(e, a.first_version + i, p)
-                                  for i, (e, p) in enumerate(zip(a.record_epochs, a.payloads))])
-            elif t is WriteToCache:
-                self._app_apply(sn, (a.record,))
-                self._app(sn, a.record.version)
-            elif t is WriteToCacheBatch:
-                self._app_apply(sn, [Record(e, a.first_version + i, p)
-                                     for i, (e, p) in enumerate(zip(a.record_epochs, a.payloads))])
-                self._app(sn, a.first_version + len(a.payloads) - 1)
-            elif t is ConfirmForward:
-                self._on_confirm(sn, a)
-            elif t is PersistPromisedEpoch:
-                if a.epoch <= sn.promise[0]:
-                    raise SimError(f"n{sn.node} promise goes back: {sn.promise} -> e{a.epoch} n{a.master}")
-                sn.promise = (a.epoch, a.master)  # durable before anything after it (fsync'd file)
-            elif t is NotifyRole:
-                self._on_role(sn, a)
-            elif t is TruncateWalAfter:
-                self._truncate(sn, a.version)
-            elif t is StreamWalFrom:
-                self._stream(sn, a)
-            elif t is ResetConnection:
-                self._reset_by(sn, a.node)
-            elif t is RequestArbitratorGrant:
-                conn = self.arb_conns.get(sn.node)
-                if sn.arb_sock is not None and conn is not None and conn.gen == sn.arb_sock:
-                    self._enqueue(self._chan("n2a", sn.node, ARB, conn.gen), (sn.node, a.epoch),
-                                  self._latency(sn.node, ARB))
-            elif t is CommitAdvanced:
-                self._app_commit(sn, a.version)
-            elif t is FlowControl:
-                pass
-            else:
-                raise SimError(f"unknown action {a!r}")
-            if not sn.up:
-                return
-            if sn.crash_now:
-                self.crash(sn.node, mid_step=True)
-                return
-        if cut == len(actions):
-            self.crash(sn.node, mid_step=True)
-            return
-        if sn.up:
-            self._check_node(sn)
-            while sn.followups and sn.up:
-                self._step(sn, sn.followups.popleft())
+        self._drive(sn, "tick", sn.driver.tick)
 
     def _check_node(self, sn: SimNode) -> None:
         r = sn.replica
@@ -617,7 +536,8 @@ class World:
 
     # ================================================================== storage (WAL) and app
 
-    def _append(self, sn: SimNode, records) -> None:
+    def wal_append(self, sn: SimNode, records: list[Record]) -> None:
+        """Storage.append: readable at once (page cache), durable at the next fsync job."""
         for rec in records:
             if rec.version != len(sn.wal) + 1:
                 raise SimError(f"n{sn.node} WAL gap: appending {rec.describe()} after v{len(sn.wal)}")
@@ -632,7 +552,8 @@ class World:
             sn.jobs.append(["sync", len(sn.wal)])
         self._start_job(sn)
 
-    def _truncate(self, sn: SimNode, version: int) -> None:
+    def wal_truncate(self, sn: SimNode, version: int) -> None:
+        """Storage.truncate_after: a job behind the fsyncs already queued."""
         if version < sn.app_commit:
             raise SafetyViolation(f"n{sn.node} truncates its WAL after v{version}, below its commit version"
                                   f" v{sn.app_commit}")
@@ -681,6 +602,16 @@ class World:
             self._local(sn, TruncateDone(sn.wal[-1].epoch if sn.wal else 0, arg))
         self._start_job(sn)
 
+    def wal_read(self, sn: SimNode, reader: int, from_version: int) -> None:
+        """Storage.read_wal: the next block (1-8 records, as written: the page cache is
+        readable) comes back as a completion through the driver's wal_block."""
+        self._local(sn, ("read", reader, from_version))
+
+    def app_write(self, sn: SimNode, records: list[Record]) -> None:
+        """App.write_to_cache: applied now, acked (AppAcked) after a delay, in order."""
+        self._app_apply(sn, records)
+        self._app(sn, records[-1].version)
+
     def _app(self, sn: SimNode, version: int) -> None:
         ready = max(sn.app_last, self.now + self.rng.randint(1, self.opts.app_units_max))
         sn.app_last = ready
@@ -724,7 +655,7 @@ class World:
                                       f" {have.describe() if have else 'nothing'} at v{v}")
             sn.memtable.append(rec)
 
-    def _app_commit(self, sn: SimNode, version: int) -> None:
+    def app_commit(self, sn: SimNode, version: int) -> None:
         """CommitAdvanced (notify_commit): the app may archive up to `version`; the checker
         learns which records are committed."""
         if version <= sn.app_commit:
@@ -753,48 +684,22 @@ class World:
         """What the app serves: archive + memtable."""
         return sn.archive + sn.memtable
 
-    def _stream(self, sn: SimNode, a: StreamWalFrom) -> None:
-        """Read the records from this node's WAL (as written: the page cache is readable) and
-        send them on the stream channel of the connection, in chunks, in order."""
-        if a.last_version > len(sn.wal):
-            raise SimError(f"n{sn.node} asked to stream to v{a.last_version} but its WAL ends at v{len(sn.wal)}")
-        if sn.wal[a.first_version - 1].version != a.first_version:
-            raise SimError("WAL index out of step")
-        prev = a.prev_epoch
-        if a.first_version > 1 and sn.wal[a.first_version - 2].epoch != prev:
-            raise SimError(f"n{sn.node} stream prev_epoch e{prev} but record v{a.first_version - 1} is"
-                           f" {sn.wal[a.first_version - 2].describe()}")
-        v = a.first_version
-        while v <= a.last_version:
-            size = self.rng.randint(1, 8)
-            recs = sn.wal[v - 1 : min(a.last_version, v + size - 1)]
-            if len(recs) == 1 or self.rng.random() < 0.3:
-                msgs = []
-                for rec in recs:
-                    msgs.append(Forward(a.epoch, rec.version, prev, rec.epoch, rec.payload))
-                    prev = rec.epoch
-            else:
-                msgs = [ForwardBatch(a.epoch, v, prev, tuple(r.epoch for r in recs), tuple(r.payload for r in recs))]
-                prev = recs[-1].epoch
-            for m in msgs:
-                if not self._send(sn, a.node, m, kind="stream"):
-                    return
-            v += len(recs)
-
     # ================================================================== client and roles
 
-    def _on_role(self, sn: SimNode, a: NotifyRole) -> None:
-        self.role_log.append((self.now, sn.node, a.epoch, a.role, a.master))
-        self._trace(f"n{sn.node} is {a.describe()}")
-        if a.role == Role.MASTER:
+    def app_role(self, sn: SimNode, role: Role, epoch: int, master: int | None) -> None:
+        """App.notify_role."""
+        master_node = NO_NODE if master is None else master
+        self.role_log.append((self.now, sn.node, epoch, role, master_node))
+        self._trace(f"n{sn.node} is {NotifyRole(role, epoch, master_node).describe()}")
+        if role == Role.MASTER:
             if sn.truncating:
                 # The WAL is cutting records this master counts as its log (it advertised
                 # them when it won); TruncateDone would then rewind a master's log end.
-                raise SafetyViolation(f"n{sn.node} became master of e{a.epoch} while its WAL truncation"
+                raise SafetyViolation(f"n{sn.node} became master of e{epoch} while its WAL truncation"
                                       f" (TruncateWalAfter v{sn.jobs_trunc_target()}) is still pending")
             self.stats.elections += 1
-            self.stats.max_epoch = max(self.stats.max_epoch, a.epoch)
-            self.history.on_master(sn.node, a.epoch, sn.wal)
+            self.stats.max_epoch = max(self.stats.max_epoch, epoch)
+            self.history.on_master(sn.node, epoch, sn.wal)
 
     def masters(self) -> list[SimNode]:
         return [sn for sn in self.nodes.values() if sn.up and sn.replica.role == Role.MASTER]
@@ -810,21 +715,21 @@ class World:
             payloads.append(b"s%d.w%d" % (self.seed, self.payload_seq))
             sn.outstanding[first + i] = Record(epoch, first + i, payloads[-1])
         self.stats.writes_submitted += count
-        if batch and count > 1 and AppForwardBatch is not None:
-            self._step(sn, AppForwardBatch(first, tuple(payloads)))
+        if batch and count > 1:
+            self._drive(sn, f"app forwards v{first}..v{first + count - 1}", sn.driver.forward, first, payloads)
         else:
             for i, p in enumerate(payloads):
                 if not sn.up:
                     break
-                self._step(sn, AppForward(first + i, p))
+                self._event(sn, AppForward(first + i, p))
         return list(range(first, first + count))
 
-    def _on_confirm(self, sn: SimNode, a: ConfirmForward) -> None:
-        st = a.status
-        for v in range(a.first_version, a.last_version + 1):
+    def app_confirm(self, sn: SimNode, first: int, last: int, st: ConfirmStatus) -> None:
+        """App.confirm_forward: the client hears the outcome of its writes first..last."""
+        for v in range(first, last + 1):
             rec = sn.outstanding.pop(v, None)
             if rec is None:
-                raise SimError(f"n{sn.node} {a.describe()}: v{v} has no write in flight")
+                raise SimError(f"n{sn.node} {ConfirmForward(first, last, st).describe()}: v{v} has no write in flight")
             if st != ConfirmStatus.NOT_MASTER:
                 # The vnode applies a record at its outcome (vrepl/node/vgroup.py _confirm):
                 # ok, timed_out and failed records are in the WAL.
@@ -860,13 +765,14 @@ class World:
             return
         self.stats.crashes += 1
         self._trace(f"n{node} CRASH{' mid-step' if mid_step else ''}")
-        keep = sn.durable
-        volatile = len(sn.wal) - sn.durable
         if torn is None:
             torn = self.rng.random() < self.opts.torn_tail_share
-        if torn and volatile:
-            keep += self.rng.randint(0, volatile)  # the OS wrote some pages before the crash
-        del sn.wal[keep:]
+        if torn and len(sn.wal) > sn.durable:
+            # The OS wrote some pages of the unsynced tail before the crash, maybe half a
+            # record: recovery keeps the whole records before the torn one.
+            sn.wal = torn_recovery(sn.wal[: sn.durable], sn.wal[sn.durable:], self.rng)
+        else:
+            del sn.wal[sn.durable:]
         sn.durable = len(sn.wal)
         sn.up = False
         sn.paused = False
@@ -879,7 +785,6 @@ class World:
         sn.memtable = []  # the archive stays: it is files
         sn.app_commit = 0
         sn.commit_checked = 0
-        sn.followups.clear()
         if sn.local is not None:
             sn.local.dead = True
         sn.local = None
@@ -892,7 +797,7 @@ class World:
                 self._break(node, peer, notify=True)  # the kernel resets its sockets
         self._arb_break(node)
         sn.arb_sock = None
-        sn.replica = None  # type: ignore[assignment]
+        sn.replica = sn.driver = None
 
     def restart(self, node: int, *, conservative: bool | None = None) -> None:
         sn = self.nodes[node]
@@ -998,14 +903,14 @@ class World:
                         self._arb_break(node, notify=False)
                         if sn.arb_sock is not None and sn.running:
                             sn.arb_sock = None
-                            self._step(sn, ArbitratorLost())
+                            self._event(sn, ArbitratorLost())
                 elif not blocked:
                     self.arb_blocked_since.pop(node, None)
                 if (self.arb_up and sn.running and node not in self.arb_conns and not blocked
                         and (tick + node) % self.opts.reconnect_ticks == 0):
                     if sn.arb_sock is not None:
                         sn.arb_sock = None
-                        self._step(sn, ArbitratorLost())
+                        self._event(sn, ArbitratorLost())
                     self._arb_connect(sn)
         if self.opts.flush_rate:
             for sn in self.nodes.values():
