@@ -3,8 +3,8 @@
 Owns: configuration parsing and validation (including the lease margin a lease_ms can honour,
 docs/arbitrator.md), logging setup (vrepl/logsetup.py, the nodes'
 format), the metrics listener's life (arbitrator/metrics.py), signals (SIGHUP reopens the log
-file). Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad configuration (one line on stderr), 1
-could not start (port in use...).
+file). Exit codes (vrepl/exitcodes.py): 0 stopped by SIGTERM/SIGINT, 2 bad configuration (one
+line on stderr), 1 could not start (port in use...).
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import tomllib
 
 from arbitrator.metrics import MetricsListener
 from arbitrator.server import Arbitrator, ArbitratorConfig, max_backed_replica_lease_ms
+from vrepl.errors import ConfigError
+from vrepl.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS, reopen_logs, setup_logging
 from vrepl.replica import Config as ReplicaConfig
 
@@ -32,10 +34,6 @@ DEFAULTS = ArbitratorConfig()
 DEFAULT_REPLICA_LEASE_MS = ReplicaConfig(vgroup_id=0, replicas=(1,), self_index=0).arbitrator_lease_ms
 
 log = logging.getLogger("vrepl.arbitrator")
-
-
-class ConfigError(Exception):
-    pass
 
 
 def metrics_address(text: str) -> tuple[str, int] | None:
@@ -193,18 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_run(cfg, metrics_at))
     except ConfigError as exc:
         print(f"vrepl-arbitrator: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except ValueError as exc:  # unreadable state file
         if logging_ready:
             log.error("arbitrator: cannot start: %s", exc, extra={"event": "config_error"})
         print(f"vrepl-arbitrator: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except OSError as exc:
         if logging_ready:
             log.error("arbitrator: cannot start: %s", exc, extra={"event": "start_failed"})
         print(f"vrepl-arbitrator: error: cannot start: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from vrepl.errors import FrameError
+from vrepl.errors import FrameError, InvariantViolation
 from vrepl.replica.lease import (DEFAULT_CLOCK_DRIFT_RATIO, DEFAULT_LEASE_ALLOWANCE_MS,
                                  LeaseTable, lease_margin_refusal)
 from vrepl.replica.messages import ArbitratorGrant, ArbitratorRequest
@@ -198,11 +198,13 @@ class Arbitrator:
 
     @property
     def port(self) -> int:
-        assert self._server is not None
+        if self._server is None:
+            raise InvariantViolation("the arbitrator's port is asked before start()")
         return self._server.sockets[0].getsockname()[1]
 
     async def serve_forever(self) -> None:
-        assert self._server is not None
+        if self._server is None:
+            raise InvariantViolation("the arbitrator serves after start()")
         async with self._server:
             await self._server.serve_forever()
 

@@ -92,13 +92,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="forward records in runs of N with forward_many() (default 0: one forward() per record)")
     ap.add_argument("--inline-sync", type=int, default=0, metavar="BYTES",
-                    help="wal_inline_sync_max_bytes (fsync small batches on the I/O thread; for fast-fsync storage)")
+                    help="max_wal_inline_sync_bytes (fsync small batches on the I/O thread; for fast-fsync storage)")
     args = ap.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, WAL in {tempfile.gettempdir()}")
     with tempfile.TemporaryDirectory(prefix="vrepl-bench-") as d:
         with ProcessCluster(d, 3, quorum=2, lifetime_s=900, max_inflight_forwards=max(100_000, args.inflight * 2),
                             flow_control_lag_versions=10 * args.inflight,
-                            wal_inline_sync_max_bytes=args.inline_sync) as c:
+                            max_wal_inline_sync_bytes=args.inline_sync) as c:
             c.start()
             bench_steady(c, args.records, args.inflight, args.latency, args.rounds, args.batch)
             if args.failovers:

@@ -31,7 +31,7 @@ from vrepl._core import crc32c as _crc  # noqa: E402
 from vrepl.config import ReplicaAddress, SyncConfig  # noqa: E402
 from vrepl.restore.config import RestoreConfig  # noqa: E402
 from vrepl.sync import SyncCallbacks, SyncInstance  # noqa: E402
-from vrepl.testing.cluster import free_port  # noqa: E402
+from vrepl.child import free_port, free_ports  # noqa: E402
 
 SECRET = b"bench-secret"
 MiB = 1024 * 1024
@@ -134,11 +134,11 @@ def files_phase(tmp: str, file_mb: int, loop_mb_s: float) -> dict:
 
 
 def raw_group(tmp: str, tag: str, restore: RestoreConfig, n: int = 2, **opts):
-    ports = sorted(free_port() for _ in range(n))
+    ports = sorted(free_ports(n))
     replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
     cfgs = [SyncConfig(vgroup_id=9, replicas=replicas, self_index=i, data_path=os.path.join(tmp, f"{tag}{i}"),
                        secret=SECRET, quorum=2, heartbeat_timeout_ticks=100, forward_timeout_ticks=600,
-                       wal_max_file_bytes=64 * MiB, **opts) for i in range(n)]
+                       max_wal_file_bytes=64 * MiB, **opts) for i in range(n)]
     return cfgs
 
 
@@ -147,7 +147,7 @@ def fill_wal(cfg: SyncConfig, records: int) -> None:
     from vrepl.transport.storage import write_promise
     from vrepl.wal import Durability, WalOptions, WalWriter
     os.makedirs(cfg.data_path, exist_ok=True)
-    w = WalWriter(os.path.join(cfg.data_path, "wal"), WalOptions(max_file_bytes=cfg.wal_max_file_bytes,
+    w = WalWriter(os.path.join(cfg.data_path, "wal"), WalOptions(max_file_bytes=cfg.max_wal_file_bytes,
                                                                   durability=Durability.NONE))
     payload = b"p" * 128
     batch = [payload] * 10_000

@@ -4,9 +4,11 @@ Owns: argument parsing, exit codes and what the operator sees (one clear line on
 an error, never a traceback; progress on long work). The work itself lives in the library
 modules (vrepl.wal, ...); this module only calls them and prints.
 
-Exit codes (docs/operations.md): 0 success / clean, 1 the data is corrupt or a check found
-differences, 2 usage or input error (missing path, bad argument), 3 interrupted, 8 in use
-(`vrepl node`: another process holds the data directory or listens on an address).
+Exit codes (vrepl/exitcodes.py, docs/operations.md): 0 success / clean, 1 the data is corrupt
+or a check found differences, 2 usage or input error (missing path, bad argument), 3
+interrupted, 8 in use (`vrepl node`: another process holds the data directory or listens on
+an address). Each command imports its modules when it runs, so that `vrepl --version` is
+quick and a source tree whose extensions are not built gets its one line (main()).
 """
 from __future__ import annotations
 
@@ -22,22 +24,11 @@ import time
 from typing import Sequence
 
 import vrepl
-from vrepl.errors import ConfigError, VreplError
+from vrepl.errors import (CliError, ConfigError, DirInUseError, ListenError, VreplError,
+                          WalCorruptError, WalError)
+from vrepl.exitcodes import EXIT_FAILED, EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from vrepl.renamed import print_one_line
 from vrepl.untrusted import printable
-
-EXIT_OK = 0
-EXIT_CORRUPT = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 3
-EXIT_IN_USE = 8        # a data directory (lock) or an address (port) is another process's
-
-
-class CliError(Exception):
-    """An error the CLI reports as one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE):
-        super().__init__(message)
-        self.code = code
 
 
 def _err(message: str) -> None:
@@ -101,7 +92,7 @@ def cmd_wal_verify(args: argparse.Namespace) -> int:
     if state.torn_tail is not None:
         t = state.torn_tail
         print(f"{t.describe()}; repairable with 'vrepl wal repair {args.dir}'", file=sys.stderr)
-        return EXIT_CORRUPT
+        return EXIT_FAILED
     print(f"{args.dir}: clean: {files} files, versions {state.first_version}.."
           f"{state.last_version}")
     return EXIT_OK
@@ -159,7 +150,7 @@ def cmd_wal_demo(args: argparse.Namespace) -> int:
         seen = sum(1 for _ in wal.WalReader(directory).iter_records(1))
         read_s = time.perf_counter() - t1
         if seen != rows or state.last_version != rows:
-            raise CliError(f"read back {seen} records, expected {rows}", EXIT_CORRUPT)
+            raise CliError(f"read back {seen} records, expected {rows}", EXIT_FAILED)
         console.print(f"wrote {rows:,} records into {files} files in {write_s:.2f} s "
                       f"({rows / write_s:,.0f} records/s, one fsync per batch)")
         console.print(f"verified and read back all {seen:,} records in {read_s:.2f} s "
@@ -175,8 +166,6 @@ def cmd_wal_demo(args: argparse.Namespace) -> int:
 # node / status / demo / bench (docs/operations.md)
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from vrepl.dirlock import DirInUseError
-    from vrepl.errors import ListenError
     from vrepl.node.config import load_config
     from vrepl.node.server import run_node
 
@@ -187,11 +176,11 @@ def cmd_node(args: argparse.Namespace) -> int:
         raise CliError(f"node {cfg.node_id}: cannot start: {exc}", EXIT_IN_USE) from None
     except ListenError as exc:
         raise CliError(f"node {cfg.node_id}: cannot start: {exc}",
-                       EXIT_IN_USE if exc.in_use else EXIT_CORRUPT) from None
+                       EXIT_IN_USE if exc.in_use else EXIT_FAILED) from None
     except OSError as exc:
         raise CliError(f"node {cfg.node_id}: cannot start: {exc.strerror or exc}"
                        f"{' (' + exc.filename + ')' if getattr(exc, 'filename', None) else ''}",
-                       EXIT_CORRUPT) from None
+                       EXIT_FAILED) from None
 
 
 def add_node_access_options(sp: argparse.ArgumentParser) -> None:
@@ -239,7 +228,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     # The node named must answer: it is where the list of nodes comes from.
     seed = fetch_status(args.node, args.timeout, access)
     if seed["state"] != "up":
-        raise CliError(f"{args.node}: {seed['state']}: {seed['error']}", EXIT_CORRUPT)
+        raise CliError(f"{args.node}: {seed['state']}: {seed['error']}", EXIT_FAILED)
     run(args.node, args.timeout, as_json=args.json, watch_s=args.watch, count=args.count,
         console=make_console(), client_kw=access)
     return EXIT_OK
@@ -408,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         _err(str(exc))
         return EXIT_USAGE
+    print_one_line("vrepl")     # a setting given by its old name: one warning line
     parser = build_parser()
     args = parser.parse_args(argv)
     # The library logs what it does (a repair, say); the CLI prints its own one-line summary,
@@ -432,11 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(str(exc))
         return EXIT_USAGE
     except VreplError as exc:
-        from vrepl.errors import WalCorruptError, WalError
         _err(str(exc))
         if isinstance(exc, WalCorruptError):
-            return EXIT_CORRUPT
-        return EXIT_USAGE if isinstance(exc, WalError) else EXIT_CORRUPT
+            return EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, WalError) else EXIT_FAILED
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_INTERRUPTED

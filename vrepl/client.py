@@ -25,40 +25,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from vrepl.errors import ConfigError, VreplError
+from vrepl.errors import (BadRequestError, ClientError, ConfigError, NotWrittenError,
+                          OutcomeUnknownError, UnauthorizedError)
 
 # A bearer token: visible ASCII without spaces, so it travels in a header as it is.
 TOKEN_MAX_BYTES = 4096
-
-
-class ClientError(VreplError):
-    """Base of the client's errors."""
-
-
-class BadRequestError(ClientError, ValueError):
-    """The node refused the request as invalid (4xx): nothing was written. `reason` says why."""
-
-    def __init__(self, status: int, code: str, reason: str):
-        self.status, self.code, self.reason = status, code, reason
-        super().__init__(f"{status} {code}: {reason}")
-
-
-class UnauthorizedError(BadRequestError):
-    """401: the node requires a bearer token and this client sent none or a wrong one. Never
-    retried; nothing was written."""
-
-
-class NotWrittenError(ClientError, ConnectionError):
-    """No master could take the write before the deadline; it was certainly not written."""
-
-
-class OutcomeUnknownError(ClientError, TimeoutError):
-    """The write may or may not have been applied. Retrying with `request_id` is safe: the
-    vgroup answers with the original version if it was applied."""
-
-    def __init__(self, request_id: str, reason: str):
-        self.request_id = request_id
-        super().__init__(f"request {request_id}: outcome unknown: {reason}")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from vrepl.errors import ConfigError
+from vrepl.renamed import new_keywords, renamed_settings
 from vrepl.replica import Config as ReplicaConfig
 from vrepl.replica import config_invalid
 from vrepl.replica.lease import DEFAULT_CLOCK_DRIFT_RATIO, DEFAULT_LEASE_ALLOWANCE_MS
@@ -59,9 +60,22 @@ def replica_address(item: "ReplicaAddress | tuple[int, str] | tuple[int, str, in
     return ReplicaAddress(int(item[0]), str(item[1]), int(item[2]))
 
 
+# Limits renamed to `max_<what>_<unit>` (vrepl/renamed.py): {old name: new name}.
+RENAMED_SYNC_SETTINGS = {
+    "record_max_bytes": "max_record_bytes",
+    "sync_cache_max_records": "max_sync_cache_records",
+    "sync_cache_max_bytes": "max_sync_cache_bytes",
+    "send_queue_max_bytes": "max_send_queue_bytes",
+    "wal_max_file_bytes": "max_wal_file_bytes",
+    "wal_inline_sync_max_bytes": "max_wal_inline_sync_bytes",
+}
+
+
+@renamed_settings(RENAMED_SYNC_SETTINGS)
 @dataclass(frozen=True)
 class SyncConfig:
-    """One sync instance (one vgroup on one node). See docs/embedding.md for each field."""
+    """One sync instance (one vgroup on one node). See docs/embedding.md for each field; the
+    old names of renamed limits (RENAMED_SYNC_SETTINGS) are still accepted and readable."""
 
     vgroup_id: int
     replicas: tuple[ReplicaAddress, ...]
@@ -84,17 +98,17 @@ class SyncConfig:
     handshake_timeout_ms: int = 5000
     # limits
     max_inflight_forwards: int = 100_000  # queued + unconfirmed forwards
-    record_max_bytes: int = 16 * MiB
+    max_record_bytes: int = 16 * MiB
     max_batch_records: int = 4096  # records per ForwardBatch frame / WAL append
     max_batch_bytes: int = 1 * MiB  # payload bytes per ForwardBatch frame (one record may exceed it)
-    sync_cache_max_records: int = 100_000
-    sync_cache_max_bytes: int = 64 * MiB
+    max_sync_cache_records: int = 100_000
+    max_sync_cache_bytes: int = 64 * MiB
     flow_control_lag_versions: int = 10_000
     send_queue_high_bytes: int = 8 * MiB  # above it: flow control on, streams pause
-    send_queue_max_bytes: int = 64 * MiB  # above it: the peer is too slow, connection reset
+    max_send_queue_bytes: int = 64 * MiB  # above it: the peer is too slow, connection reset
     stream_chunk_bytes: int = 1 * MiB  # WAL bytes per frame when streaming to a follower
-    wal_max_file_bytes: int = 64 * MiB
-    wal_inline_sync_max_bytes: int = 0  # >0: batches up to this size fsync on the I/O thread (fast-fsync storage)
+    max_wal_file_bytes: int = 64 * MiB
+    max_wal_inline_sync_bytes: int = 0  # >0: batches up to this size fsync on the I/O thread (fast-fsync storage)
     app_ack_required: bool | None = None  # None: when quorum > 1 (seed 数据转发流程 step 6)
 
     def __post_init__(self) -> None:
@@ -109,7 +123,7 @@ class SyncConfig:
     @property
     def max_frame_bytes(self) -> int:
         """Largest frame accepted from a peer: one maximal record, or one full batch."""
-        return max(self.record_max_bytes, self.max_batch_bytes, self.stream_chunk_bytes) + 64 * 1024
+        return max(self.max_record_bytes, self.max_batch_bytes, self.stream_chunk_bytes) + 64 * 1024
 
     @property
     def arbitrator_used(self) -> bool:
@@ -131,16 +145,17 @@ class SyncConfig:
             clock_drift_ratio=self.clock_drift_ratio,
             lease_allowance_ms=self.lease_allowance_ms,
             max_inflight_forwards=self.max_inflight_forwards,
-            sync_cache_max_records=self.sync_cache_max_records,
-            sync_cache_max_bytes=self.sync_cache_max_bytes,
-            record_max_bytes=self.record_max_bytes,
+            # the core's names until its own pass (vrepl/replica is another branch's)
+            sync_cache_max_records=self.max_sync_cache_records,
+            sync_cache_max_bytes=self.max_sync_cache_bytes,
+            record_max_bytes=self.max_record_bytes,
             flow_control_lag_versions=self.flow_control_lag_versions,
             app_ack_required=self.app_ack_required,
             **disk,  # type: ignore[arg-type]
         )
 
     def replace(self, **changes: object) -> "SyncConfig":
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        return dataclasses.replace(self, **new_keywords(SyncConfig, changes))
 
 
 def sync_config_invalid(cfg: SyncConfig) -> str | None:
@@ -169,13 +184,13 @@ def sync_config_invalid(cfg: SyncConfig) -> str | None:
         "max_batch_records",
         "max_batch_bytes",
         "send_queue_high_bytes",
-        "send_queue_max_bytes",
+        "max_send_queue_bytes",
         "stream_chunk_bytes",
     ):
         if getattr(cfg, name) < 1:
             return f"{name} must be >= 1"
-    if cfg.send_queue_max_bytes < cfg.send_queue_high_bytes:
-        return "send_queue_max_bytes must be >= send_queue_high_bytes"
+    if cfg.max_send_queue_bytes < cfg.send_queue_high_bytes:
+        return "max_send_queue_bytes must be >= send_queue_high_bytes"
     if cfg.max_frame_bytes > 0xFFFFFFFF:
-        return "record_max_bytes is too large for a frame"
+        return "max_record_bytes is too large for a frame"
     return config_invalid(cfg.replica_config())

@@ -21,28 +21,12 @@ import fcntl
 import os
 import time
 
-from vrepl.errors import VreplError
+from vrepl.errors import DirInUseError
 
 LOCK_NAME = "vrepl.lock"
 # The holder writes its pid right after taking the lock; a refusal that reads the file in
 # between sees it empty and looks again for this long before saying "pid unknown".
 _PID_WAIT_S = 0.2
-
-
-class DirInUseError(VreplError, RuntimeError):
-    """Another process holds the directory's lock."""
-
-    def __init__(self, path: str, holder: str) -> None:
-        self.path = path
-        self.holder = holder          # "<pid> <what>" as the holder wrote it, or ""
-        pid, _, what = holder.partition(" ")
-        self.pid = int(pid) if pid.isdigit() else None
-        if self.pid is None:
-            who = "pid unknown"
-        else:
-            who = f"pid {pid}, {what}" if what else f"pid {pid}"
-        super().__init__(f"{path} is in use by another process ({who}): one process per data"
-                         " directory; stop it first")
 
 
 class DirLock:

@@ -1,18 +1,43 @@
-"""Exceptions raised at vrepl's boundaries.
+"""Exceptions raised at vrepl's boundaries: the one home of vrepl's error types.
 
-Owns: the error types callers catch. Each subclasses VreplError and the builtin it behaves
-like, so `except ValueError` still works for callers who do not know vrepl. Inside the
+Owns: every error type vrepl raises on purpose (packages re-export theirs: vrepl.vnode.errors,
+vrepl.restore.errors, vrepl.client...). Each subclasses VreplError and the builtin it
+behaves like, so `except ValueError` still works for callers who do not know vrepl; a base
+that is never raised itself (VnodeError, ClientError) names no builtin. Three kinds of
+error (STYLE.md): a bug is an InvariantViolation (always on, unlike `assert`); inside the
 replication core, expected conditions (a stale message, a lost peer) are events, not
-exceptions; these are for the edges (files, sockets, configuration, command line).
+exceptions; the rest are for the edges (files, sockets, configuration, command line), where
+a process stops with one line and an exit code (vrepl/exitcodes.py).
+Must not: import anything of vrepl but vrepl.exitcodes.
 """
 from __future__ import annotations
 
 import errno
 import os
 
+from vrepl.exitcodes import (EXIT_DISK_FULL, EXIT_FAILED, EXIT_PEER, EXIT_SOURCE_CHANGING,
+                             EXIT_UNSAFE_NAME, EXIT_USAGE)
+
 
 class VreplError(Exception):
     """Base of every error vrepl raises on purpose."""
+
+
+# -- bugs -------------------------------------------------------------------------------------
+
+class InvariantViolation(VreplError, AssertionError):
+    """A vrepl bug: a state its design rules out (vrepl.replica.invariant raises it)."""
+
+
+class WindowInvariantError(InvariantViolation):
+    """A caller broke the pending-ack window's contract (vrepl/_core/window.pyx)."""
+
+
+class CoreNotBuiltError(VreplError, ImportError):
+    """vrepl was imported from a source tree whose Cython extensions are not built."""
+
+
+# -- bytes, files, the WAL --------------------------------------------------------------------
 
 
 class FrameError(VreplError, ValueError):
@@ -23,10 +48,6 @@ class FrameError(VreplError, ValueError):
         self.offset = offset
         where = f" at offset {offset}" if offset is not None else ""
         super().__init__(f"{reason}{where}")
-
-
-class ConfigError(VreplError, ValueError):
-    """A setting that is missing, malformed or out of range."""
 
 
 class WalError(VreplError, OSError):
@@ -66,6 +87,44 @@ class VersionError(VreplError, ValueError):
     """A record whose version does not follow the last one (versions go up by exactly 1)."""
 
 
+# -- settings, processes, the command line ----------------------------------------------------
+
+class ConfigError(VreplError, ValueError):
+    """A setting that is missing, malformed or out of range."""
+
+
+class RenamedSetting(VreplError, FutureWarning):
+    """A warning: a setting was given by its old name (vrepl/renamed.py); it still works."""
+
+
+class CliError(VreplError, RuntimeError):
+    """A command's failure, reported as one line with its exit code (vrepl/exitcodes.py)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+class DirInUseError(VreplError, RuntimeError):
+    """Another process holds the directory's lock (vrepl/dirlock.py)."""
+
+    def __init__(self, path: str, holder: str) -> None:
+        self.path = path
+        self.holder = holder          # "<pid> <what>" as the holder wrote it, or ""
+        pid, _, what = holder.partition(" ")
+        self.pid = int(pid) if pid.isdigit() else None
+        if self.pid is None:
+            who = "pid unknown"
+        else:
+            who = f"pid {pid}, {what}" if what else f"pid {pid}"
+        super().__init__(f"{path} is in use by another process ({who}): one process per data"
+                         " directory; stop it first")
+
+
+class SelfRestoreError(VreplError, RuntimeError):
+    """A node's self-restore attempt that cannot go on (no source, a copy refused); retried."""
+
+
 class ListenError(VreplError, OSError):
     """A server could not listen on its address: in use by another process (`in_use`), not
     an address of this host, or a privileged port."""
@@ -81,3 +140,137 @@ class ListenError(VreplError, OSError):
 
     def __str__(self) -> str:  # OSError's __str__ would show "[Errno N]"
         return str(self.strerror)
+
+
+# -- the client (vrepl/client.py) -------------------------------------------------------------
+
+class ClientError(VreplError):
+    """Base of the client's errors."""
+
+
+class BadRequestError(ClientError, ValueError):
+    """The node refused the request as invalid (4xx): nothing was written. `reason` says why."""
+
+    def __init__(self, status: int, code: str, reason: str):
+        self.status, self.code, self.reason = status, code, reason
+        super().__init__(f"{status} {code}: {reason}")
+
+
+class UnauthorizedError(BadRequestError):
+    """401: the node requires a bearer token and this client sent none or a wrong one. Never
+    retried; nothing was written."""
+
+
+class NotWrittenError(ClientError, ConnectionError):
+    """No master could take the write before the deadline; it was certainly not written."""
+
+
+class OutcomeUnknownError(ClientError, TimeoutError):
+    """The write may or may not have been applied. Retrying with `request_id` is safe: the
+    vgroup answers with the original version if it was applied."""
+
+    def __init__(self, request_id: str, reason: str):
+        self.request_id = request_id
+        super().__init__(f"request {request_id}: outcome unknown: {reason}")
+
+
+# -- the reference vnode (vrepl.vnode) --------------------------------------------------------
+# Bad client input is not an exception there: rows_invalid() returns a reason.
+
+class VnodeError(VreplError):
+    """Base of every error the vnode raises on purpose."""
+
+
+class PayloadError(VnodeError, ValueError):
+    """A WAL payload that is not a valid batch of rows (corrupt, foreign, wrong shape)."""
+
+    def __init__(self, reason: str, version: int | None = None):
+        self.reason = reason
+        self.version = version
+        where = f"version {version}: " if version is not None else ""
+        super().__init__(f"{where}malformed row payload: {reason}")
+
+
+class ApplyError(VnodeError, ValueError):
+    """A decoded batch that cannot be applied (its types conflict with the table schema)."""
+
+
+class ArchiveError(VnodeError, OSError):
+    """An archived file or the manifest cannot be used as it is; names the file."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+    def __str__(self) -> str:  # OSError's __str__ would show errno/strerror
+        return self.args[0]
+
+
+class VnodeClosedError(VnodeError, RuntimeError):
+    """A call on a vnode after close()."""
+
+
+# -- restore (vrepl.restore, docs/restore.md) -------------------------------------------------
+# `exit_code`: what `vrepl restore` exits with when this error ends it.
+
+class RestoreError(VreplError, RuntimeError):
+    """A restore session failed; the message says why in one line. `restart` says whether
+    running the session again can help (a file changed, a gap, a peer gone) or not (a
+    refused name, a full disk: an operator must act)."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, reason: str, *, restart: bool = True):
+        self.reason = reason
+        self.restart = restart
+        super().__init__(reason)
+
+
+class FilesChanged(RestoreError):
+    """A file already processed changed on the source during the restore (seed: inotify)."""
+
+    exit_code = EXIT_SOURCE_CHANGING  # when it keeps happening (the tool's retries are exhausted)
+
+
+class BadData(RestoreError):
+    """What the sender sent is corrupt or inconsistent: WAL bytes that are not whole valid
+    records, a gap, a file whose magic differs from the announced one, a file larger than
+    `max_file_bytes`. Not the connection's fault, so not a PeerError (exit 1, not 4)."""
+
+
+class UnsafeName(RestoreError):
+    """A file name from the peer would leave the data path (absolute, `..`, a symlink)."""
+
+    exit_code = EXIT_UNSAFE_NAME
+
+    def __init__(self, reason: str):
+        super().__init__(reason, restart=False)
+
+
+class DiskFull(RestoreError, OSError):
+    """No space left while staging; the previous data is intact."""
+
+    exit_code = EXIT_DISK_FULL
+
+    def __init__(self, reason: str):
+        RestoreError.__init__(self, reason, restart=False)
+
+
+class PeerError(RestoreError, ConnectionError):
+    """The other side closed, refused, or broke the protocol."""
+
+    exit_code = EXIT_PEER
+
+
+# -- the Spark validation (vrepl.spark, docs/validation.md) -----------------------------------
+
+class InputError(VreplError, ValueError):
+    """The inputs cannot be validated at all (missing path, unreadable manifest...): exit 2.
+
+    The message is one line naming the vgroup, the replica and the file.
+    """
+
+
+class SparkJobError(VreplError, RuntimeError):
+    """Spark could not start or a Spark job failed; the message is one line (no Java trace)."""

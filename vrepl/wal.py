@@ -289,6 +289,7 @@ def _classify_stop(fh, head: bytes, scan_status: int, reason: str | None, path: 
     elif scan_status == _rec.STATUS_VERSION_GAP:
         got = struct.unpack_from("<Q", head, 8)[0]
         reason = f"version gap: found version {got}, expected {last_good + 1}"
+    reason = reason or f"records stop (scan status {scan_status})"
     if torn and is_last:
         return TornTail(path, file_off, last_good, reason)
     if torn:
@@ -753,7 +754,7 @@ class WalBlock:
     file: WalFile
     offset: int      # where data starts in the file
     data: bytes
-    scan: object     # vrepl._core.record.ScanResult, offsets relative to data
+    scan: _rec.ScanResult  # offsets relative to data
 
 class WalReader:
     """Reads a WAL directory from a given version, verifying every record it returns.

@@ -12,7 +12,6 @@ created, by id.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import signal
 import socket
@@ -21,9 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vrepl.child import python_argv
-
-_PR_SET_PDEATHSIG = 1
+from vrepl.child import free_ports, python_argv, start_child  # noqa: F401  (free_ports: drivers')
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,13 +32,6 @@ def bench_module_argv(module: str, *args: str) -> list[str]:
     boot = (f"import runpy, sys; sys.path.append({str(REPO_ROOT)!r});"
             f" runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
     return python_argv("-c", boot, *args)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # not Linux: stop_all and atexit still apply
-        pass
 
 
 class ProcessRegistry:
@@ -63,11 +53,9 @@ class ProcessRegistry:
         log_path = self.log_path(log_name or name)
         log = open(log_path, "ab")
         self._logs.append(log)
-        proc = subprocess.Popen(
-            list(argv), stdin=stdin if stdin is not None else subprocess.DEVNULL,
-            stdout=stdout if stdout is not None else log, stderr=log,
-            start_new_session=True, preexec_fn=_die_with_parent, env=env,
-            cwd=str(cwd) if cwd else None)
+        proc = start_child(argv, stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                           stdout=stdout if stdout is not None else log, stderr_path=str(log_path),
+                           env=env, cwd=str(cwd) if cwd else None)
         self._procs.append((name, proc))
         return proc
 
@@ -162,21 +150,6 @@ def install_exit_handlers(registry: ProcessRegistry) -> None:
 
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, on_signal)
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1. Held open together so they are distinct; a
-    small race remains until the servers bind them, which start-up checks catch."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:

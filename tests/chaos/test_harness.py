@@ -165,8 +165,8 @@ def test_cleanup_removes_a_run_whose_owner_forgot(tmp_path):
 def test_a_node_that_cannot_start_is_named_and_the_run_is_removed(tmp_path, no_leftovers):
     # `vrepl node` refuses the config (exit 2, one line); the harness says so and leaves
     # no process, namespace or mount behind.
-    c = ChaosCluster(str(tmp_path), vnode={"memtable_max_rows": 0})
-    with pytest.raises(RuntimeError, match=r"n1 did not start \(exit 2\): .*memtable_max_rows"):
+    c = ChaosCluster(str(tmp_path), vnode={"max_memtable_rows": 0})
+    with pytest.raises(RuntimeError, match=r"n1 did not start \(exit 2\): .*max_memtable_rows"):
         c.start()
     assert not any(p.alive() for p in c.nodes.values()) and not c.workload.alive()
     assert _present(c.run) == []

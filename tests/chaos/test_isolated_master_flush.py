@@ -1,7 +1,7 @@
 """Regression test of issue 13: an isolated master that archives its unconfirmed records.
 
 The scenario as reported, with the shipped `vrepl node` (3 replicas, quorum 2, default
-settings but `memtable_max_age_ms = 1000`), in network namespaces with nftables partitions:
+settings but `max_memtable_age_ms = 1000`), in network namespaces with nftables partitions:
 clients write all the time; the master's links to both slaves are cut for 6 s while the
 clients still reach it, so it steps down holding records no other replica has (two of them
 written by this test straight after the cut) and, a second later, its memtable's age limit
@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.timeout(240),
 
 ISOLATION_S = 6.0
 # The reporter's settings: everything default but the memtable's age limit.
-VNODE = {"memtable_max_age_ms": 1000}
+VNODE = {"max_memtable_age_ms": 1000}
 
 
 def test_isolated_master_archiving_unconfirmed_records_loses_no_acknowledged_write(tmp_path, no_leftovers):

@@ -19,7 +19,7 @@ from vrepl.transport.handshake import ClientHandshake, HandshakeError
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = "test-secret"
-LIMITS = {"record_max_bytes": 65536, "max_batch_bytes": 65536, "stream_chunk_bytes": 65536}
+LIMITS = {"max_record_bytes": 65536, "max_batch_bytes": 65536, "stream_chunk_bytes": 65536}
 
 
 def connect(port: int) -> socket.socket:

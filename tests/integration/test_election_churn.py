@@ -10,13 +10,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from vrepl.client import Client
-from vrepl.node.local import LocalCluster, _die_with_parent, free_ports, render_toml
+from vrepl.child import free_ports, node_argv, python_argv, start_node, wait_for
+from vrepl.node.local import LocalCluster, render_toml
 from vrepl.testing.arbitrator_proc import ArbitratorProcess
 from vrepl.testing.proxy import LinkProxy
 
@@ -34,17 +34,6 @@ def role_lines(log_text: str) -> list[tuple[str, int]]:
 def read(path: str) -> str:
     with open(path) as fh:
         return fh.read()
-
-
-def wait_for(what, cond, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------- churn (a): start-up
@@ -109,11 +98,8 @@ class Pair:
 
     def start(self) -> None:
         for nid, d in self.dirs.items():
-            with open(os.path.join(d, "stderr.log"), "ab") as err:
-                self.procs[nid] = subprocess.Popen(
-                    [sys.executable, "-m", "vrepl.cli", "node", "--config", os.path.join(d, "node.toml")],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                    preexec_fn=_die_with_parent, start_new_session=True)
+            self.procs[nid] = start_node(os.path.join(d, "node.toml"),
+                                         stderr_path=os.path.join(d, "stderr.log"))
 
     def vgroup(self, nid: int) -> dict | None:
         c = Client([self.http[nid]], request_timeout_s=1)
@@ -226,8 +212,8 @@ def test_unsafe_arbitrator_lease_is_refused_with_one_clear_line_each_side(pair_w
 def test_arbitrator_start_up_refuses_a_lease_that_backs_nothing(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
-    p = subprocess.run([sys.executable, "-m", "arbitrator.main", "--port", "0", "--secret-file", str(secret),
-                        "--state-dir", str(tmp_path / "s"), "--lease-ms", "400"],
+    p = subprocess.run(python_argv("-m", "arbitrator.main", "--port", "0", "--secret-file", str(secret),
+                                   "--state-dir", str(tmp_path / "s"), "--lease-ms", "400"),
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
@@ -245,7 +231,7 @@ def test_node_start_up_refuses_a_lease_that_lapses_between_renewals(tmp_path):
                   {"id": 2, "replication": f"127.0.0.1:{r2}", "http": f"127.0.0.1:{h2}"}],
         "vgroups": [{"id": 1, "replicas": [1, 2], "arbitrator": "127.0.0.1:6042"}],
         "sync": {"arbitrator_lease_ticks": 8}}))
-    p = subprocess.run([sys.executable, "-m", "vrepl.cli", "node", "--config", str(path)],
+    p = subprocess.run(node_argv(str(path)),
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [

@@ -21,8 +21,9 @@ import uuid
 
 import pytest
 
+from vrepl.child import free_ports, start_node
 from vrepl.client import BadRequestError, Client, NotWrittenError, UnauthorizedError
-from vrepl.node.local import LocalCluster, free_ports, render_toml
+from vrepl.node.local import LocalCluster, render_toml
 from vrepl.testing.tls import make_tls_files
 
 pytestmark = pytest.mark.timeout(90)
@@ -370,9 +371,8 @@ def test_listen_is_loopback_unless_the_operator_asks(tmp_path):
             if listen:
                 doc["http"] = {"listen": f"{listen}:6201"}
             (d / "node.toml").write_text(render_toml(doc))
-            proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m",
-                                     "vrepl.cli", "node", "--config", str(d / "node.toml")],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = start_node(str(d / "node.toml"), prefix=["ip", "netns", "exec", ns],
+                              stdout=subprocess.PIPE, text=True, new_session=False)
             ready = json.loads(proc.stdout.readline())
             assert ready["http"] == (f"{listen}:6201" if listen else "127.0.0.1:6201")
             assert probe("127.0.0.1", 6201) == "HTTP/1.1 200"
@@ -383,7 +383,6 @@ def test_listen_is_loopback_unless_the_operator_asks(tmp_path):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(20) == 0
             proc.stdout.close()
-            proc.stderr.close()
             proc = None
     finally:
         if proc is not None:

@@ -241,7 +241,7 @@ def test_client_follows_the_master_across_a_failover(make_cluster):
 
 
 def test_flushes_during_writes_and_recovers_files_plus_wal_after_sigkill(make_cluster):
-    c = make_cluster(vnode={"memtable_max_rows": 500}, sync={"wal_max_file_bytes": 65536})
+    c = make_cluster(vnode={"max_memtable_rows": 500}, sync={"max_wal_file_bytes": 65536})
     with c.client() as cl:
         for i in range(30):
             cl.write(VG, rows("t_flush", i * 100, 100))
@@ -296,7 +296,7 @@ def test_an_age_flush_on_an_isolated_master_archives_only_committed_rows(make_cl
     no quorum confirmed (applied to its memtable: they are in its WAL); its age flushes
     archive only up to the commit index, so when the group cuts those records nothing
     archived has to go, and every replica ends with the same rows."""
-    c = make_cluster(vnode={"memtable_max_age_ms": 300}, http={"write_timeout_ms": 1000})
+    c = make_cluster(vnode={"max_memtable_age_ms": 300}, http={"write_timeout_ms": 1000})
     m = c.master()
     ep = c.nodes[m].http
     with Client([ep]) as cl:

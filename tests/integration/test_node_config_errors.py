@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
+
+from vrepl.child import node_argv
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -32,14 +33,13 @@ replicas = [1]
 def test_config_error_exits_2_with_one_line(tmp_path, text, words):
     path = tmp_path / "node.toml"
     path.write_text(text.format(p1=1, p2=2))
-    p = subprocess.run([sys.executable, "-m", "vrepl.cli", "node", "--config", str(path)],
-                       capture_output=True, text=True, timeout=20)
+    p = subprocess.run(node_argv(str(path)), capture_output=True, text=True, timeout=20)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and str(path) in lines[0], p.stderr
 
 
 def test_missing_config_file_exits_2(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "vrepl.cli", "node", "--config",
-                        str(tmp_path / "nope.toml")], capture_output=True, text=True, timeout=20)
+    p = subprocess.run(node_argv(str(tmp_path / "nope.toml")), capture_output=True, text=True,
+                       timeout=20)
     assert p.returncode == 2 and p.stderr.strip().endswith("no such file")

@@ -15,15 +15,16 @@ import threading
 import pytest
 
 from vrepl._core import crc32c as _crc
+from vrepl.child import wait_for
+from vrepl.exitcodes import EXIT_DISK_FULL, EXIT_OK, EXIT_PEER, EXIT_USAGE
 from vrepl.restore import protocol as P
-from vrepl.restore.cli import (EXIT_DISK_FULL, EXIT_OK, EXIT_PEER, EXIT_USAGE, add_parsers, run_replay,
-                               run_restore)
+from vrepl.restore.cli import add_parsers, run_replay, run_restore
 from vrepl.restore.config import RestoreConfig
 from vrepl.restore.dirsink import DirSink
 from vrepl.restore.errors import UnsafeName
 from vrepl.restore.receiver import Receiver
 from vrepl.restore.stream import SyncStream
-from vrepl.testing.restore_app import SECRET, VnodeApp, make_configs, strip_epoch, wait_for
+from vrepl.testing.vnodeapp import SECRET, VnodeApp, make_configs, strip_epoch
 from vrepl.vnode import Vnode
 from vrepl.vnode.config import VnodeConfig
 
@@ -42,9 +43,9 @@ def rows_for(k0: int, n: int, pad: int = 0) -> list:
 
 @pytest.fixture
 def group(tmp_path):
-    cfgs = make_configs(tmp_path, n=1, wal_max_file_bytes=32 * 1024)
+    cfgs = make_configs(tmp_path, n=1, max_wal_file_bytes=32 * 1024)
     app = VnodeApp(cfgs[0], restore=RestoreConfig()).start()
-    wait_for(lambda: app.role() == "master", what="master")
+    wait_for("master", lambda: app.role() == "master")
     yield app
     app.stop()
 

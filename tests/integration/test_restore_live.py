@@ -11,7 +11,8 @@ import time
 import pytest
 
 from vrepl.restore.config import RestoreConfig
-from vrepl.testing.restore_app import VnodeApp, make_configs, wait_for
+from vrepl.child import wait_for
+from vrepl.testing.vnodeapp import VnodeApp, make_configs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,7 +32,7 @@ def start_group(tmp_path, restore: RestoreConfig, indexes=(0, 1, 2), **opts):
 
 
 def master_of(apps) -> VnodeApp:
-    return wait_for(lambda: next((a for a in apps.values() if a.role() == "master"), None), what="a master")
+    return wait_for("a master", lambda: next((a for a in apps.values() if a.role() == "master"), None))
 
 
 def stop_all(apps) -> None:
@@ -44,14 +45,14 @@ def stop_all(apps) -> None:
 
 def test_follower_down_while_master_writes_and_recycles_is_restored(tmp_path):
     rc = RestoreConfig(min_lag_versions=1, retry_interval_ms=200)
-    cfgs, apps = start_group(tmp_path, rc, wal_max_file_bytes=16 * 1024)
+    cfgs, apps = start_group(tmp_path, rc, max_wal_file_bytes=16 * 1024)
     try:
         m = master_of(apps)
-        wait_for(lambda: all(a.role() in ("master", "slave") for a in apps.values()), what="slaves")
+        wait_for("slaves", lambda: all(a.role() in ("master", "slave") for a in apps.values()))
         last = m.write(rows_for(10_000, 100))  # every replica has some data
         m.wait_confirmed(last)
         down = next(i for i, a in apps.items() if a is not m)
-        wait_for(lambda: apps[down].last_version() == last, what="the follower has the first rows")
+        wait_for("the follower has the first rows", lambda: apps[down].last_version() == last)
         apps[down].stop()
         del apps[down]
         for k in range(0, 3000, 100):
@@ -61,13 +62,13 @@ def test_follower_down_while_master_writes_and_recycles_is_restored(tmp_path):
                 m.flush()
         assert m.wait_confirmed(last).describe() == "ok"
         m.flush()
-        wait_for(lambda: m.inst.wal_first_version() > 1, what="the master's WAL recycled")
+        wait_for("the master's WAL recycled", lambda: m.inst.wal_first_version() > 1)
         for k in range(3000, 3500, 100):  # some records only in the WAL
             last = m.write(rows_for(k, 100))
         m.wait_confirmed(last)
         back = VnodeApp(cfgs[down], restore=rc).start()
         apps[down] = back
-        wait_for(lambda: back.role() == "slave" and back.last_version() == m.last_version(), what="restored slave")
+        wait_for("restored slave", lambda: back.role() == "slave" and back.last_version() == m.last_version())
         assert back.rows("t") == m.rows("t")
         st = back.inst.restore_status()["counters"]
         assert st["receiver_ok"] >= 1 and st["files_received"] >= 1
@@ -75,7 +76,7 @@ def test_follower_down_while_master_writes_and_recycles_is_restored(tmp_path):
         # It follows live forwards afterwards.
         last = m.write(rows_for(5000, 10))
         m.wait_confirmed(last)
-        wait_for(lambda: back.last_version() == last, what="live forward after restore")
+        wait_for("live forward after restore", lambda: back.last_version() == last)
     finally:
         stop_all(apps)
 
@@ -86,12 +87,12 @@ def test_restore_while_master_writes_at_full_speed(tmp_path):
 
     rc = RestoreConfig(min_lag_versions=1, retry_interval_ms=200, switch_lag_versions=500)
     cfgs = make_configs(tmp_path, heartbeat_timeout_ticks=100, forward_timeout_ticks=100,
-                        wal_max_file_bytes=256 * 1024)
+                        max_wal_file_bytes=256 * 1024)
     apps = {i: VnodeApp(cfgs[i], restore=rc, raw=True).start() for i in range(3)}
     stop = threading.Event()
     try:
         m = master_of(apps)
-        wait_for(lambda: all(a.role() in ("master", "slave") for a in apps.values()), what="slaves")
+        wait_for("slaves", lambda: all(a.role() in ("master", "slave") for a in apps.values()))
         down = next(i for i, a in apps.items() if a is not m)
         apps.pop(down).stop()
         sent: dict[int, bytes] = {}
@@ -121,15 +122,15 @@ def test_restore_while_master_writes_at_full_speed(tmp_path):
         t.start()
         back = VnodeApp(cfgs[down], restore=rc, raw=True).start()
         apps[down] = back
-        wait_for(lambda: back.role() == "slave", timeout_s=40, what="the restored follower becomes slave")
-        wait_for(lambda: back.inst.restore_status()["counters"]["receiver_ok"] >= 1, what="the session's end")
+        wait_for("the restored follower becomes slave", lambda: back.role() == "slave", timeout_s=40)
+        wait_for("the session's end", lambda: back.inst.restore_status()["counters"]["receiver_ok"] >= 1)
         time.sleep(0.3)  # it keeps up as a slave while the master writes
         assert back.role() == "slave"
         stop.set()
         t.join(10)
         last = state["next"] - 1
         m.wait_confirmed(last)
-        wait_for(lambda: back.last_version() == last, what="the slave has every record")
+        wait_for("the slave has every record", lambda: back.last_version() == last)
         # No loss, no duplicate: the WAL holds each version once, with the master's payload.
         recs = read_records(f"{back.cfg.data_path}/wal")
         assert [r.version for r in recs] == list(range(1, last + 1))
@@ -144,10 +145,10 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
     from vrepl.restore import sender as S
 
     rc = RestoreConfig(min_lag_versions=1, retry_interval_ms=200)
-    cfgs, apps = start_group(tmp_path, rc, wal_max_file_bytes=16 * 1024)
+    cfgs, apps = start_group(tmp_path, rc, max_wal_file_bytes=16 * 1024)
     try:
         m = master_of(apps)
-        wait_for(lambda: all(a.role() in ("master", "slave") for a in apps.values()), what="slaves")
+        wait_for("slaves", lambda: all(a.role() in ("master", "slave") for a in apps.values()))
         down = next(i for i, a in apps.items() if a is not m)
         apps.pop(down).stop()
         last = 0
@@ -157,7 +158,7 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
             # recycle all but the last: writes queued together land in one block, one file.
             m.wait_confirmed(last)
         m.flush()
-        wait_for(lambda: m.inst.wal_first_version() > 1, what="the WAL recycled below the flush")
+        wait_for("the WAL recycled below the flush", lambda: m.inst.wal_first_version() > 1)
         real_send = S.Sender._send_file
         fired = []
 
@@ -173,8 +174,8 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
         monkeypatch.setattr(S.Sender, "_send_file", send_then_flush)
         back = VnodeApp(cfgs[down], restore=rc).start()
         apps[down] = back
-        wait_for(lambda: back.role() == "slave" and back.last_version() == m.last_version(), timeout_s=30,
-                 what="restored slave after a restart")
+        wait_for("restored slave after a restart",
+                 lambda: back.role() == "slave" and back.last_version() == m.last_version(), timeout_s=30)
         assert fired
         st = m.inst.restore_status()["counters"]
         assert st["sender_failed"] >= 1 and st["sender_ok"] >= 1

@@ -13,7 +13,7 @@ from vrepl.config import ReplicaAddress, SyncConfig
 from vrepl.replica import ConfirmStatus
 from vrepl.sync import SyncCallbacks, SyncInstance
 from vrepl.testing.arbitrator_proc import ArbitratorProcess
-from vrepl.testing.cluster import free_port
+from vrepl.child import free_ports, wait_for
 from vrepl.testing.proxy import LinkProxy
 from vrepl.wal import read_records
 
@@ -55,22 +55,13 @@ def role(inst):
     return inst.roles()["role"]
 
 
-def wait_for(cond, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture()
 def group(tmp_path):
     """Node 1 (lowest port) dials node 2 through the proxy; both reach the arbitrator."""
     arb = ArbitratorProcess(str(tmp_path / "arb"), SECRET)  # default lease: backs the replicas' with the margin
     # Both nodes must agree that node 1 has the lower address (the lower side dials), so
     # node 1 gets the lowest of the three ports.
-    p1, p_proxy, p2 = sorted(free_port() for _ in range(3))
+    p1, p_proxy, p2 = sorted(free_ports(3))
     proxy = LinkProxy(target_port=p2, listen_port=p_proxy)
     a1 = ReplicaAddress(1, "127.0.0.1", p1)
     cfg1 = SyncConfig(vgroup_id=5, replicas=(a1, ReplicaAddress(2, "127.0.0.1", proxy.port)),
@@ -96,8 +87,8 @@ def group(tmp_path):
 
 
 def _elect(insts):
-    wait_for(lambda: sorted(role(x) for x in insts.values()) == ["master", "slave"], 15,
-             "one master and one slave")
+    wait_for("one master and one slave",
+             lambda: sorted(role(x) for x in insts.values()) == ["master", "slave"], 15)
     return next(i for i, x in insts.items() if role(x) == "master")
 
 
@@ -125,7 +116,7 @@ def test_direct_link_cut_keeps_exactly_one_master(group):
     assert all(r == "master" for t, r, _e in apps[m].roles if t >= cut_at), apps[m].roles
     # Heal: the other replica catches up and becomes slave again; logs converge.
     proxy.heal()
-    wait_for(lambda: role(insts[s]) == "slave", 15, "the other replica to rejoin as slave")
+    wait_for("the other replica to rejoin as slave", lambda: role(insts[s]) == "slave", 15)
     version += 1
     insts[m].forward(version, b"after")
     assert apps[m].wait_confirm(version) == ConfirmStatus.OK
@@ -145,7 +136,7 @@ def test_master_lost_with_link_cut_the_other_takes_over_after_the_lease(group):
     proxy.cut()
     t0 = time.monotonic()
     insts.pop(m).stop()  # the master is gone too: its lease runs out, the survivor takes over
-    wait_for(lambda: role(insts[s]) == "master", 15, "the survivor to become master")
+    wait_for("the survivor to become master", lambda: role(insts[s]) == "master", 15)
     took_s = time.monotonic() - t0
     assert took_s < 2.0 + 2.0 + 2.0, took_s  # heartbeat timeout + lease + slack
     insts[s].forward(2, b"two")

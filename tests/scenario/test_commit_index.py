@@ -9,8 +9,6 @@ durable and known to match; never below a WAL truncation (project issue 13).
 
 from __future__ import annotations
 
-import pytest
-from vrepl.testing.scripted import Net
 from test_replica_scenarios import elect, no_logs
 
 from vrepl.replica import (
@@ -18,13 +16,13 @@ from vrepl.replica import (
     AppRecover,
     Commit,
     ForwardAck,
-    InvariantViolation,
     Log,
     Received,
     Role,
     TruncateRequest,
     WalPersisted,
 )
+from vrepl.testing.scripted import Net
 
 
 def commit_then_cut_master(versions: int) -> Net:
@@ -195,8 +193,10 @@ def test_new_master_commits_inherited_records_only_with_its_first_own_record():
 
 
 def test_no_truncation_below_the_commit_version():
-    """A TruncateRequest that would cut committed records (a master bug) breaks an
-    invariant instead of losing them (design §4.4)."""
+    """A TruncateRequest that would cut committed records (a master bug) is refused instead of
+    losing them (design §4.3, §4.4): logged at ERROR, the connection reset, the follower
+    unsynced with its log and commit version kept. (It was an invariant; a peer's message
+    must never trip one, project issue 15.)"""
     net = commit_then_cut_master(3)
     r = net.nodes[2].replica
     # Step the election one message at a time until n2 follows n1 and has asked to match
@@ -210,8 +210,11 @@ def test_no_truncation_below_the_commit_version():
                 net.deliver(src, dst)
                 break
     assert r.role == Role.SYNCING and r.promised_epoch == 2 and r.matched_version == 0
-    with pytest.raises(InvariantViolation, match="never truncate below the commit version v3"):
-        r.step(Received(1, TruncateRequest(2, 1, 1)))
+    actions = r.step(Received(1, TruncateRequest(2, 1, 1)))
+    why = "refused truncate_request e2 keep <=e1 <=v1: it cuts committed records v2..v3"
+    assert [a.describe() for a in actions][:2] == [f"log error vg7 n2 e2: {why}", f"reset_connection n1 ({why})"]
+    assert not any(a.describe().startswith("truncate_wal_after") for a in actions)
+    assert (r.role, r.last_version, r.commit_version) == (Role.UNSYNCED, 3, 3)
 
 
 def test_quorum_below_majority_commits_on_a_majority():

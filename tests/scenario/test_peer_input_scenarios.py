@@ -4,12 +4,16 @@ Each test steps real Replica objects through exact events and checks the exact a
 message that contradicts what the follower matched with its master is refused with a logged
 reason, the connection is reset and the follower is unsynced (docs/design.md §4.3), its log
 untouched; after it reconnects it matches from scratch. Before the fix each of these raised
-InvariantViolation inside the event loop.
+InvariantViolation inside the event loop; so did a TruncateRequest that cuts committed
+records, now refused at ERROR (docs/design.md §4.4).
 """
 
 from __future__ import annotations
 
 from vrepl.replica import (
+    CUTS_COMMITTED_RECORDS,
+    AppAcked,
+    Commit,
     Config,
     Forward,
     ForwardBatch,
@@ -27,6 +31,7 @@ from vrepl.replica import (
     SyncRequest,
     SyncStart,
     TruncateRequest,
+    WalPersisted,
 )
 
 
@@ -139,3 +144,28 @@ def test_rebase_to_an_epoch_beyond_the_promise_is_refused():
     acts = f.step(LogRebased(9, 8, ((9, 1),)))
     assert describe(acts) == [f"log warning vg1 n2 e{e}: refused log_rebased e9v8: epoch outside e1..e3"]
     assert f.last_version == 0 and f.restoring
+
+
+def test_truncate_below_the_commit_version_is_refused_at_error_not_an_invariant():
+    m, f = master_and_follower()
+    e = m.promised_epoch
+    acts = m.step(Received(2, SyncRequest(e, 0, 0)))
+    f.step(Received(1, sent(acts, SyncStart)[0]))
+    f.step(Received(1, ForwardBatch(e, 1, 0, (1,) * 10, tuple(b"r%d" % v for v in range(1, 11)))))
+    f.step(WalPersisted(10))
+    f.step(AppAcked(10))
+    assert "commit_advanced v6" in describe(f.step(Received(1, Commit(e, 6))))
+    # A master (buggy or hostile) asks to keep only v1..v4: that cuts committed v5, v6. It was
+    # an invariant of the follower; now a refusal like the one for matched records, at ERROR.
+    acts = f.step(Received(1, TruncateRequest(e, 1, 4)))
+    why = f"refused truncate_request e{e} keep <=e1 <=v4: it cuts committed records v5..v6"
+    assert CUTS_COMMITTED_RECORDS in why
+    assert describe(acts)[:5] == [
+        f"log error vg1 n2 e{e}: {why}",
+        f"reset_connection n1 ({why})",
+        f"log info vg1 n2 e{e}: peer n1 offline: refused its messages",
+        f"log info vg1 n2 e{e}: unsynced: {why}",
+        f"notify_role unsynced e{e} master -",
+    ]
+    assert not any(a.describe().startswith("truncate_wal_after") for a in acts)
+    assert (f.role, f.last_version, f.commit_version, f.truncating_to) == (Role.UNSYNCED, 10, 6, None)

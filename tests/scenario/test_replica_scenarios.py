@@ -91,7 +91,8 @@ def test_cold_start_three_replicas_exact_election_trace():
 
 
 def test_single_replica_is_always_master():
-    r = Replica(Config(vgroup_id=1, replicas=(5,), self_index=0, last_version=3, last_epoch=2, promised_epoch=2, promised_master=5))
+    r = Replica(Config(vgroup_id=1, replicas=(5,), self_index=0, last_version=3, last_epoch=2, epoch_history=((2, 1),),
+                       promised_epoch=2, promised_master=5))
     assert no_logs(r.start()) == ["persist_promised_epoch e3 for n5", "notify_role master e3 master n5"]
     assert no_logs(r.step(AppForward(4, b"abcd"))) == ["persist_records e3v4 4B"]
     assert no_logs(r.step(WalPersisted(4))) == ["confirm_forward v4 ok", "commit_advanced v4"]

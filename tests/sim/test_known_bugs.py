@@ -1,7 +1,7 @@
 """Core bugs the simulator found, each as the schedule that shows it (docs/simulation.md
-§Findings). Fixed ones are plain regression tests; open ones are xfail(strict=True): when
-vrepl/replica is fixed they pass, strict xfail turns that into a failure, and the marker (and
-any KNOWN_BUGS entry in test_seeds.py) must go.
+§Findings). Fixed ones are plain regression tests (all of them, now); an open one would be
+xfail(strict=True): when vrepl/replica is fixed it passes, strict xfail turns that into a
+failure, and the marker (and any KNOWN_BUGS entry in test_seeds.py) must go.
 `python -m vrepl.testing.sim --assume-fixes` runs with the proposed fixes patched in.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 from simhelp import calm, one_master, wait_for
 
+from vrepl.replica import Config, Replica
+from vrepl.replica.history import EpochHistory
 from vrepl.testing.sim import make_options, run_seed
 
 
@@ -76,10 +78,16 @@ def test_node_truncating_its_wal_must_not_become_master():
     w.run_liveness()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: with EpochHistory.conservative (a WAL whose epoch history is"
-                   " not known at start-up) a follower truncates confirmed records, leaving fewer than quorum copies")
-def test_conservative_epoch_history_never_truncates_confirmed_records():
-    # With findings 1 and 2 patched (--assume-fixes) so that only this one shows.
-    opts = make_options("harsh", replicas=3, conservative_history_share=0.3)
-    bad = [r for r in (run_seed(s, opts, "harsh", fixes=True) for s in range(40)) if not r.ok]
+def test_a_replica_never_starts_without_the_epoch_history_of_its_wal():
+    """Finding 3 (fixed by removal): `EpochHistory.conservative` described a WAL whose epoch
+    history was not known as one epoch; a follower restarted so answered a TruncateRequest
+    for an older epoch by cutting records it shared with its master, confirmed ones included
+    (`--seed 10 --profile harsh --conservative-history-share 0.3`: 23 of 300 harsh runs). There
+    is no stand-in now: a non-empty log without its history is refused, and the harsh seeds of
+    the old test pass with every restart's history exact (the simulator's only kind now)."""
+    with pytest.raises(ValueError, match="a non-empty log needs its epoch_history"):
+        Replica(Config(vgroup_id=1, replicas=(1, 2, 3), self_index=0, last_epoch=3, last_version=9))
+    assert not hasattr(EpochHistory, "conservative")
+    opts = make_options("harsh", replicas=3)
+    bad = [r for r in (run_seed(s, opts, "harsh") for s in range(40)) if not r.ok]
     assert not bad, "\n\n".join(r.report() for r in bad[:2])

@@ -18,7 +18,7 @@ from vrepl.testing.sim import make_options, run_seed
 
 KNOWN_BUGS: list[tuple[re.Pattern, str]] = [
     # (pattern of the failure message, why) for core bugs reported but not yet fixed.
-    # Findings 1 and 2 of docs/simulation.md were fixed in vrepl/replica/replica.py.
+    # Findings 1 to 3 of docs/simulation.md are fixed in vrepl/replica/.
 ]
 
 

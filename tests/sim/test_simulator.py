@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from simhelp import calm, one_master, wait_for
 
-from vrepl.replica import Record
+from vrepl.replica import Record, Role, Send, TruncateRequest
+from vrepl.replica.master import Master
 from vrepl.testing.sim import History, SafetyViolation, SimOptions, make_options, run_seed
 from vrepl.testing.sim.__main__ import main
 from vrepl.testing.sim.campaign import SeedResult
@@ -114,3 +115,27 @@ def test_quorum_one_losses_are_counted_not_failed():
     results = [run_seed(3000 + s, opts) for s in range(15)]
     assert all(r.ok or "became master" in r.message or "two different records" in r.message for r in results)
     assert sum(r.stats.lost for r in results if r.ok) > 0  # asynchronous replication loses writes
+
+
+def test_a_master_asking_to_cut_committed_records_fails_the_run(monkeypatch):
+    """The core refuses a TruncateRequest below its commit version (never an invariant: it is
+    a peer's message) and logs it at ERROR; the simulator still fails the run on that line,
+    since only a bug sends it (docs/design.md §4.4)."""
+    w = calm(3, 7)
+    w.workload_on = False
+    assert wait_for(w, lambda: one_master(w) is not None, 120)
+    m = one_master(w)
+    f = next(sn for sn in w.nodes.values() if sn is not m)
+    w.submit(m, 3)
+    assert wait_for(w, lambda: f.replica.commit_version == 3, 60)
+
+    def cuts_everything(self, i, req):  # a buggy master: every follower is told to cut its whole log
+        self.r._emit(Send(self.r.nodes[i], TruncateRequest(self.r.promised_epoch, 0, 0)))
+
+    monkeypatch.setattr(Master, "on_sync_request", cuts_everything)
+    w.cut(m.node, f.node)
+    assert wait_for(w, lambda: f.replica.role == Role.UNSYNCED, 60)
+    w.heal()  # a follower that syncs with m again gets the buggy answer
+    with pytest.raises(SafetyViolation, match=r"n\d was asked to cut committed records: .* cuts committed records v1..v3"):
+        w.run_ticks(100)
+    assert all(len(sn.wal) == 3 and sn.replica.commit_version == 3 for sn in w.nodes.values())  # nothing was cut

@@ -73,7 +73,7 @@ def test_a_fifo_named_like_a_wal_file_is_an_input_error_not_a_hang(tmp_path):
     import os
 
     from vrepl.spark.inputs import load_replica
-    from vrepl.spark.model import InputError
+    from vrepl.errors import InputError
     (tmp_path / "wal").mkdir()
     os.mkfifo(tmp_path / "wal" / "000000000000.wal")
     with pytest.raises(InputError, match=r"wal/000000000000.wal: not a regular file; refused"):

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from vrepl.spark.validate import main
+from vrepl.spark.cli import main
 
 pytestmark = pytest.mark.timeout(240)
 

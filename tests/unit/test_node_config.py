@@ -28,7 +28,7 @@ def test_defaults():
     assert (cfg.http.header_timeout_ms, cfg.http.body_timeout_ms, cfg.http.idle_timeout_ms) == (
         10_000, 10_000, 60_000)
     assert cfg.http.token is None and not cfg.http.tls
-    assert cfg.vnode.memtable_max_rows == 1_000_000
+    assert cfg.vnode.max_memtable_rows == 1_000_000
     sc = cfg.sync_config(cfg.vgroups[0])
     assert sc.self_index == 0 and sc.quorum == 2 and sc.data_path.endswith("vg1")
     assert (cfg.log_format, cfg.log_file) == ("text", None)
@@ -107,7 +107,7 @@ BAD = [
     ({"http": {"listen": "nowhere"}}, "http.listen 'nowhere' is not host:port"),
     ({"http": {"speed": 1}}, "unknown setting http.speed"),
     ({"vnode": {"precision": "ns"}}, "precision"),
-    ({"vnode": {"memtable_max_rows": "many"}}, "vnode.memtable_max_rows must be int"),
+    ({"vnode": {"max_memtable_rows": "many"}}, "vnode.max_memtable_rows must be int"),
     ({"sync": {"tick_ms": "fast"}}, "sync.tick_ms must be int"),
     ({"sync": {"nope": 1}}, "unknown setting sync.nope"),
     ({"restore": {"io_timeout_s": 0}}, "restore.io_timeout_s must be > 0"),

@@ -41,7 +41,7 @@ def test_request_ids_are_remembered_on_every_path(tmp_path):
 
 
 def test_dedup_table_is_bounded(tmp_path):
-    v = Vnode(str(tmp_path / "v"), VnodeConfig(dedup_max_entries=3))
+    v = Vnode(str(tmp_path / "v"), VnodeConfig(max_dedup_entries=3))
     for i in range(1, 6):
         _, rows, payload = v.prepare_raw(body([["t", i, {"x": i}]]), f"r{i}")
         v.apply_prepared(i, 1, rows, len(payload), f"r{i}")

@@ -14,7 +14,7 @@ from vrepl.errors import ConfigError
 from vrepl.replica import ConfirmStatus
 from vrepl.sync import FlowControlError, ReconfigError, SyncCallbacks, SyncInstance
 from vrepl.testing.arbitrator_proc import ArbitratorProcess
-from vrepl.testing.cluster import free_port
+from vrepl.child import free_ports
 from vrepl.transport.storage import epoch_history
 from vrepl.wal import WalOptions, WalWriter, read_records
 
@@ -58,7 +58,7 @@ class App:
 
 
 def make_group(tmp_path, n=3, **opts):
-    ports = sorted(free_port() for _ in range(n))
+    ports = sorted(free_ports(n))
     replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
     cfgs = [
         SyncConfig(vgroup_id=11, replicas=replicas, self_index=i, data_path=str(tmp_path / f"n{i + 1}"), secret=SECRET, **opts)

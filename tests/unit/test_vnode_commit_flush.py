@@ -23,7 +23,7 @@ from vrepl.wal import WalOptions, WalWriter, read_records
 pytestmark = pytest.mark.timeout(60)
 
 DAY_MS = 86_400_000
-CFG = VnodeConfig(file_span_ms=DAY_MS, memtable_max_age_ms=1000)
+CFG = VnodeConfig(file_span_ms=DAY_MS, max_memtable_age_ms=1000)
 SCHEMA = {"i": "int", "f": "float", "b": "bool", "s": "str"}
 
 
@@ -179,26 +179,26 @@ def test_rows_above_the_commit_limit_survive_a_truncation_of_the_log(tmp_path):
 
 def test_flush_due_needs_committed_rows_and_counts_age_from_the_flush_that_kept_them(tmp_path):
     clock = Clock()
-    v = Vnode(str(tmp_path), VnodeConfig(file_span_ms=DAY_MS, memtable_max_age_ms=1000,
-                                        memtable_max_rows=3), clock=clock)
+    v = Vnode(str(tmp_path), VnodeConfig(file_span_ms=DAY_MS, max_memtable_age_ms=1000,
+                                        max_memtable_rows=3), clock=clock)
     v.write_to_cache(1, 1, R.encode_rows([("t", 1, {"x": 1})]))
     v.write_to_cache(2, 1, R.encode_rows([("t", 2, {"x": 1})]))
     clock.t += 5
     # Old enough, but every row is above the limit: not due (no flush loop every tick).
     assert v.flush_due(up_to_version=0) is None
     assert v.flush_due(up_to_version=1) is not None
-    assert "memtable_max_age_ms" in v.flush_due()
+    assert "max_memtable_age_ms" in v.flush_due()
     v.flush(up_to_version=1)
     # The kept row counts its age from that flush: not due again at once.
     assert v.flush_due(up_to_version=2) is None
     clock.t += 1.0
-    assert "memtable_max_age_ms" in v.flush_due(up_to_version=2)
+    assert "max_memtable_age_ms" in v.flush_due(up_to_version=2)
     # Size and row limits also need a committed row.
     v.write_to_cache(3, 1, R.encode_rows([("t", 3, {"x": 1}), ("t", 4, {"x": 1})]))
     clock.t = 0.0
     v._mem.first_write_at = 0.0
     assert v.flush_due(up_to_version=1) is None
-    assert "memtable_max_rows" in v.flush_due(up_to_version=2)
+    assert "max_memtable_rows" in v.flush_due(up_to_version=2)
     assert v.maybe_flush(up_to_version=1) == [] and v.archived_version == 1
     assert v.maybe_flush(up_to_version=2) and v.archived_version == 2
     v.close(up_to_version=3)

@@ -194,19 +194,19 @@ def test_crash_before_manifest_commit_keeps_the_old_state(tmp_path, monkeypatch)
 
 def test_flush_due_by_size_rows_and_age(tmp_path):
     clock = Clock()
-    v = Vnode(str(tmp_path), VnodeConfig(memtable_max_rows=3, memtable_max_age_ms=500,
-                                         memtable_max_bytes=10_000), clock=clock)
+    v = Vnode(str(tmp_path), VnodeConfig(max_memtable_rows=3, max_memtable_age_ms=500,
+                                         max_memtable_bytes=10_000), clock=clock)
     assert v.flush_due() is None
     write(v, None, [("t", 1, {"x": 1})])
     assert v.flush_due() is None
     clock.t += 0.6
-    assert "memtable_max_age_ms" in v.flush_due()
+    assert "max_memtable_age_ms" in v.flush_due()
     assert len(v.maybe_flush()) == 1 and v.flush_due() is None
     write(v, None, [("t", i, {"x": i}) for i in range(2, 5)])
-    assert "memtable_max_rows" in v.flush_due()
+    assert "max_memtable_rows" in v.flush_due()
     v.flush()
     write(v, None, [("t", 9, {"s": "y" * 10_000})])
-    assert "memtable_max_bytes" in v.flush_due()
+    assert "max_memtable_bytes" in v.flush_due()
 
 
 def test_flush_recycles_the_wal_below_the_archived_version(tmp_path):

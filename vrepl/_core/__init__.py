@@ -12,6 +12,8 @@ import os as _os
 import sys as _sys
 from importlib.machinery import EXTENSION_SUFFIXES as _SUFFIXES
 
+from vrepl.errors import CoreNotBuiltError
+
 EXTENSIONS = ("crc32c", "record", "framebuf", "window", "wire", "rows", "memcols")
 
 
@@ -19,10 +21,6 @@ def _missing() -> list[str]:
     here = _os.path.dirname(_os.path.abspath(__file__))
     return [name for name in EXTENSIONS
             if not any(_os.path.exists(_os.path.join(here, name + sfx)) for sfx in _SUFFIXES)]
-
-
-class CoreNotBuiltError(ImportError):
-    """vrepl was imported from a source tree whose Cython extensions are not built."""
 
 
 def _one_line_hook(previous):

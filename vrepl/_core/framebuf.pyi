@@ -1,4 +1,4 @@
-from collections.abc import Buffer
+from typing_extensions import Buffer  # collections.abc.Buffer is Python 3.12+
 
 from vrepl._core.record import Record, ScanResult
 

@@ -1,4 +1,4 @@
-class WindowInvariantError(AssertionError): ...
+from vrepl.errors import WindowInvariantError as WindowInvariantError
 
 class PendingWindow:
     members: int

@@ -13,10 +13,8 @@ from libc.stdint cimport uint64_t, int64_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memset
 
-
-
-class WindowInvariantError(AssertionError):
-    """A caller broke the window's contract (a vrepl bug, like replica.InvariantViolation)."""
+# A caller broke the window's contract: a vrepl bug, an InvariantViolation (vrepl/errors.py).
+from vrepl.errors import WindowInvariantError
 
 
 cdef inline int invariant(bint cond, str why) except -1:

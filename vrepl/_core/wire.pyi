@@ -1,4 +1,6 @@
-from collections.abc import Buffer, Sequence
+from collections.abc import Sequence
+
+from typing_extensions import Buffer  # collections.abc.Buffer is Python 3.12+
 
 FORWARD_PREFIX_BYTES: int
 

@@ -13,17 +13,21 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 from vrepl.client import read_token_file
-from vrepl.config import SyncConfig, parse_endpoint, sync_config_invalid
+from vrepl.config import (RENAMED_SYNC_SETTINGS, ReplicaAddress, SyncConfig, parse_endpoint,
+                          sync_config_invalid)
 from vrepl.errors import ConfigError
 from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS
 from vrepl.node.http import server_ssl_context
+from vrepl.renamed import use_new_names
 from vrepl.restore.config import RestoreConfig, restore_config_invalid
-from vrepl.vnode.config import VnodeConfig, config_invalid as vnode_config_invalid
+from vrepl.vnode.config import RENAMED_VNODE_SETTINGS, VnodeConfig
+from vrepl.vnode.config import config_invalid as vnode_config_invalid
 
 # SyncConfig fields the node sets itself; everything else may be tuned under [sync].
 _SYNC_FIXED = {"vgroup_id", "replicas", "self_index", "data_path", "secret", "quorum",
@@ -130,7 +134,7 @@ class NodeConfig:
         return os.path.join(self.data_dir, f"vg{vgroup_id}")
 
     def sync_config(self, spec: VgroupSpec) -> SyncConfig:
-        replicas = tuple((n, self.nodes[n].replication_endpoint) for n in spec.replicas)
+        replicas = tuple(ReplicaAddress(n, *self.nodes[n].replication) for n in spec.replicas)
         return SyncConfig(vgroup_id=spec.id, replicas=replicas,
                           self_index=spec.replicas.index(self.node_id),
                           data_path=self.vgroup_path(spec.id), secret=self.secret,
@@ -242,12 +246,12 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
         if nid in nodes:
             raise ConfigError(f"{where}id {nid} appears twice")
         rep = _endpoint(n["replication"], f"{where}replication")
-        http = _endpoint(n["http"], f"{where}http")
-        for ep in (rep, http):
+        http_addr = _endpoint(n["http"], f"{where}http")
+        for ep in (rep, http_addr):
             if ep in seen:
                 raise ConfigError(f"{where}: address {ep[0]}:{ep[1]} is used twice")
             seen.add(ep)
-        nodes[nid] = NodeAddress(nid, rep, http)
+        nodes[nid] = NodeAddress(nid, rep, http_addr)
     if node_id not in nodes:
         raise ConfigError(f"node_id {node_id} is not in [[nodes]]")
 
@@ -255,7 +259,7 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     raw_vgroups = doc.get("vgroups")
     if not isinstance(raw_vgroups, list) or not raw_vgroups:
         raise ConfigError("[[vgroups]] is missing: list the vgroups this node hosts")
-    vgroups = []
+    vgroups: list[VgroupSpec] = []
     for i, g in enumerate(raw_vgroups):
         where = f"vgroups[{i}]."
         if not isinstance(g, dict):
@@ -323,25 +327,33 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     v = doc.get("vnode", {})
     if not isinstance(v, dict):
         raise ConfigError("[vnode] must be a table")
+    v, given_as = use_new_names(v, RENAMED_VNODE_SETTINGS, "vnode.", f"{path}: ")
     _unknown(v, set(VNODE_SETTINGS), "vnode.")
     vvals: dict[str, Any] = {}
     for name in v:
         want = {"precision": str, "fsync": bool}.get(name, int)
-        vvals[name] = _get(v, name, want, None, "vnode.")
+        try:
+            vvals[name] = _get(v, name, want, None, "vnode.")
+        except ConfigError as exc:
+            raise ConfigError(_name_as_given(str(exc), given_as)) from None
     vcfg = VnodeConfig(**vvals)
     reason = vnode_config_invalid(vcfg)
     if reason:
-        raise ConfigError(f"vnode.{reason}")
+        raise ConfigError(_name_as_given(f"vnode.{reason}", given_as))
 
     # [sync]
     s = doc.get("sync", {})
     if not isinstance(s, dict):
         raise ConfigError("[sync] must be a table")
+    s, sync_given_as = use_new_names(s, RENAMED_SYNC_SETTINGS, "sync.", f"{path}: ")
     _unknown(s, set(SYNC_TUNABLES), "sync.")
     svals: dict[str, Any] = {}
     for name in s:
         want = {"app_ack_required": bool, "clock_drift_ratio": float}.get(name, int)
-        svals[name] = _get(s, name, want, None, "sync.")
+        try:
+            svals[name] = _get(s, name, want, None, "sync.")
+        except ConfigError as exc:
+            raise ConfigError(_name_as_given(str(exc), sync_given_as)) from None
     rcfg = _restore_settings(doc.get("restore", {}))
     cfg = NodeConfig(path=path, node_id=node_id, data_dir=data_dir, secret=secret, nodes=nodes,
                      vgroups=tuple(vgroups), http=http, vnode=vcfg, sync=svals, restore=rcfg,
@@ -351,10 +363,19 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     for spec in cfg.vgroups:
         reason = sync_config_invalid(cfg.sync_config(spec))
         if reason:
-            raise ConfigError(f"vgroup {spec.id}: {reason}")
-    if vcfg.max_payload_bytes > cfg.sync_config(cfg.vgroups[0]).record_max_bytes:
-        raise ConfigError("vnode.max_payload_bytes is above sync.record_max_bytes")
+            raise ConfigError(_name_as_given(f"vgroup {spec.id}: {reason}", sync_given_as))
+    if vcfg.max_payload_bytes > cfg.sync_config(cfg.vgroups[0]).max_record_bytes:
+        raise ConfigError(_name_as_given("vnode.max_payload_bytes is above sync.max_record_bytes",
+                                         sync_given_as))
     return cfg
+
+
+def _name_as_given(reason: str, given_as: dict[str, str]) -> str:
+    """`reason`, with each renamed setting that was written by its old name named as written
+    too: "max_memtable_rows (written memtable_max_rows) must be ..."."""
+    for new, old in given_as.items():
+        reason = re.sub(rf"\b{new}\b", f"{new} (written {old})", reason, count=1)
+    return reason
 
 
 def _restore_settings(table: Any) -> RestoreConfig:

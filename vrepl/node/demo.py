@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vrepl.client import Client, OutcomeUnknownError
+from vrepl.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from vrepl.node.local import LocalCluster
 from vrepl.node.statusview import print_view, view_from_cluster_status
 from vrepl.untrusted import printable
@@ -33,9 +34,8 @@ from vrepl.untrusted import printable
 # The Spark validation registers itself here (vrepl.spark) once it lands.
 VALIDATIONS: list[Callable[[LocalCluster, list[str], dict], tuple[bool, str]]] = []
 
-DEMO_VNODE = {"memtable_max_rows": 20_000}   # small, so the demo also flushes Parquet files
+DEMO_VNODE = {"max_memtable_rows": 20_000}   # small, so the demo also flushes Parquet files
 TS0 = 1_700_000_000_000
-EXIT_NO_SPARK = 2    # the Spark validation cannot run here (no Java): nothing was started
 
 
 def spark_validation(cluster: LocalCluster, base: str, console: Console) -> tuple[bool, str]:
@@ -127,7 +127,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if reason is not None:
             print(f"vrepl: error: the demo ends with a Spark validation of the replicas: {reason};"
                   " or skip it with `vrepl demo --no-spark`", file=sys.stderr)
-            return EXIT_NO_SPARK
+            return EXIT_USAGE      # the validation cannot run here: nothing was started
     base = args.dir or tempfile.mkdtemp(prefix="vrepl-demo-")
     own = args.dir is None
     summary: dict[str, Any] = {"ok": False}
@@ -228,13 +228,13 @@ def run_demo(args: argparse.Namespace) -> int:
                       f" demo took {summary['seconds']} s")
         if args.json:
             print(json.dumps(summary))
-        return 0 if summary["ok"] else 1
+        return EXIT_OK if summary["ok"] else EXIT_FAILED
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the nodes[/]")
-        return 3
+        return EXIT_INTERRUPTED
     except (RuntimeError, TimeoutError) as exc:    # a node exited, or a wait ran out
         console.print(f"[red]FAILED[/] {escape(str(exc))}")
-        return 1
+        return EXIT_FAILED
     finally:
         if client is not None:
             client.close()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl, unquote
 
-from vrepl.errors import ConfigError
+from vrepl.errors import ConfigError, InvariantViolation
 from vrepl.untrusted import printable
 
 log = logging.getLogger("vrepl.node.http")
@@ -418,7 +418,8 @@ class HttpServer:
 
     @property
     def port(self) -> int:
-        assert self.server is not None
+        if self.server is None:
+            raise InvariantViolation("the HTTP server's port is asked before start()")
         return self.server.sockets[0].getsockname()[1]
 
     def _sweep(self) -> None:

@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from vrepl.client import Client, ClientError
+from vrepl.exitcodes import EXIT_FAILED, EXIT_OK
+from vrepl.node.local import LocalCluster
 
 TS0 = 1_600_000_000_000
 
@@ -150,8 +152,6 @@ def run_load(nodes: list[str], vgroup: int = 1, clients: int = 16, batch: int = 
 
 
 def run_bench_cli(args: argparse.Namespace, access: dict | None = None) -> int:
-    from vrepl.node.local import LocalCluster
-
     base = None
     cluster = None
     try:
@@ -167,10 +167,10 @@ def run_bench_cli(args: argparse.Namespace, access: dict | None = None) -> int:
         res = run_load(nodes, args.vgroup, args.clients, args.batch, args.row_bytes,
                        args.duration, args.warmup, access)
         print(json.dumps(asdict(res)) if args.json else res.describe())
-        return 0
+        return EXIT_OK
     except (RuntimeError, TimeoutError) as exc:   # a node exited, no master, a wait ran out
         print(f"vrepl: error: bench: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     finally:
         if cluster is not None:
             cluster.close()

@@ -1,48 +1,22 @@
 """Node processes on 127.0.0.1 for the demo, the integration tests and the benchmarks.
 
-Owns: free loopback ports, one node.toml and data directory per node under a base
-directory, starting `vrepl node` processes (each dies with its parent: PR_SET_PDEATHSIG),
+Owns: one node.toml and data directory per node under a base directory (`render_toml`),
+starting `vrepl node` processes (vrepl.child.start_node: each dies with its parent),
 signalling (SIGKILL, SIGTERM), restarting, waiting for readiness and roles through the HTTP
 API, and `close()`, which kills every process it started whatever state it is in.
 Must not: bind or connect anywhere but loopback.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vrepl.child import python_argv
+from vrepl.child import LOOPBACK, free_ports, start_node, wait_for
 from vrepl.client import Client
-
-LOOPBACK = "127.0.0.1"
-
-
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _toml_value(v: Any) -> str:
@@ -138,12 +112,7 @@ class LocalCluster:
         for n in [self.nodes[node]] if node is not None else list(self.nodes.values()):
             if n.alive():
                 continue
-            stderr = open(os.path.join(n.dir, "stderr.log"), "ab")
-            n.proc = subprocess.Popen(
-                python_argv("-m", "vrepl.cli", "node", "--config", n.config_path),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                preexec_fn=_die_with_parent, start_new_session=True)
-            stderr.close()
+            n.proc = start_node(n.config_path, stderr_path=os.path.join(n.dir, "stderr.log"))
 
     def kill(self, node: int, sig: int = signal.SIGKILL, wait_s: float = 15.0) -> int | None:
         """Signal a node and wait for it to exit; its exit code."""
@@ -214,18 +183,15 @@ class LocalCluster:
 
     def wait_for(self, what: str, cond: Callable[[], Any], timeout_s: float = 15.0,
                  poll_s: float = 0.02) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            got = cond()
-            if got:
-                return got
-            for nid, n in self.nodes.items():
-                if n.proc is not None and n.proc.poll() not in (None, 0, -9, -15):
-                    raise RuntimeError(f"node {nid} exited with {n.proc.returncode}:"
-                                       f" {self.stderr_tail(nid)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not within {timeout_s} s: {what}; roles {self.roles()}")
-            time.sleep(poll_s)
+        return wait_for(what, cond, timeout_s, poll_s, check=self._check_exits,
+                        detail=lambda: f"roles {self.roles()}")
+
+    def _check_exits(self) -> None:
+        """RuntimeError when a node exited by itself (not 0, not our SIGKILL or SIGTERM)."""
+        for nid, n in self.nodes.items():
+            if n.proc is not None and n.proc.poll() not in (None, 0, -9, -15):
+                raise RuntimeError(f"node {nid} exited with {n.proc.returncode}:"
+                                   f" {self.stderr_tail(nid)}")
 
     def wait_ready(self, node: int | None = None, timeout_s: float = 20.0) -> None:
         for nid in [node] if node is not None else list(self.nodes):

@@ -24,14 +24,10 @@ from typing import Callable
 from vrepl import wal as _wal
 from vrepl.client import Client, ClientError
 from vrepl.config import parse_endpoint
-from vrepl.errors import VreplError
+from vrepl.errors import SelfRestoreError
 from vrepl.restore.cli import restore_once
 from vrepl.restore.dirsink import DirSink, read_manifest
 from vrepl.restore.paths import STAGING_DIR as LIVE_RESTORE_DIR
-
-class SelfRestoreError(VreplError, RuntimeError):
-    """A self-restore attempt that cannot go on (no source, a copy refused); retried."""
-
 
 STAGING = ".vrepl-self-restore"
 READY = "READY"

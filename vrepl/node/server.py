@@ -33,7 +33,7 @@ from typing import Any
 
 import vrepl
 from vrepl.dirlock import DirLock, lock_dir
-from vrepl.errors import ConfigError, ListenError
+from vrepl.errors import ConfigError, InvariantViolation, ListenError
 from vrepl.logsetup import reopen_logs, setup_logging
 from vrepl.node.config import NodeConfig
 from vrepl.node.http import HttpServer, Request, Response, error, server_ssl_context
@@ -136,7 +136,8 @@ class Node:
             raise
 
     def _schedule_tick(self) -> None:
-        assert self.io is not None
+        if self.io is None:
+            raise InvariantViolation("the flush tick is scheduled before the I/O loop runs")
         self._tick = self.io.loop.call_later(self.cfg.flush_check_ms / 1000, self._on_tick)
 
     def _on_tick(self) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Awaitable
 from vrepl.node import selfrestore
 from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.http import Response, error
-from vrepl.replica import AckStatus, ConfirmStatus
+from vrepl.replica import AckStatus, ConfirmStatus, invariant
 from vrepl.restore import recover_interrupted_swap
 from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance, SyncObservers
 from vrepl.vnode import Vnode
@@ -164,7 +164,7 @@ class VgroupHost:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        assert self.vnode is not None
+        invariant(self.vnode is not None, "a vgroup starts after its vnode is open")
         if self.state == NEEDS_RESTORE:
             self._start_restorer()      # no replication on data that needs a restore
             return
@@ -308,7 +308,7 @@ class VgroupHost:
         A cut below the archived version cannot be undone locally (archived files hold
         versions the log no longer has): the vgroup needs a restore."""
         vnode = self.vnode
-        assert vnode is not None
+        invariant(vnode is not None, "the WAL is cut under an open vnode")
         if self.state != SERVING:
             return
         archived = vnode.archived_version
@@ -516,7 +516,7 @@ class VgroupHost:
 
     async def query(self, table: str, start: int, end: int, limit: int) -> Response:
         vnode = self.vnode
-        assert vnode is not None and self.loop is not None
+        invariant(vnode is not None and self.loop is not None, "queries come after start()")
         if self.state != SERVING:
             return self._needs_restore_answer("serves no reads")
         try:
@@ -538,7 +538,7 @@ class VgroupHost:
     def tables(self) -> Response:
         """GET /v1/vgroups/{id}/tables: the tables this replica holds rows of."""
         vnode = self.vnode
-        assert vnode is not None
+        invariant(vnode is not None, "tables are listed after the vnode is open")
         if self.state != SERVING:
             return self._needs_restore_answer("serves no reads")
         return Response(200, {"vgroup": self.id, "node": self.node_id, "role": self.role,
@@ -715,7 +715,7 @@ class VgroupHost:
 
     def status(self) -> dict[str, Any]:
         sync, vnode = self.sync, self.vnode
-        assert vnode is not None
+        invariant(vnode is not None, "status is asked after the vnode is open")
         arb = self.spec.arbitrator
         doc: dict[str, Any] = {
             "vgroup": self.id, "state": self.state, "role": self.role, "epoch": self.epoch,

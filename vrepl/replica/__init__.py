@@ -1,9 +1,12 @@
 """vrepl.replica: the replication state machine in plain Python (docs/design.md).
 
-Owns the protocol: election with epochs (election.py), forwarding and acks (forward.py),
-log matching (history.py), the arbitrator lease rules (lease.py), and `Replica`
-(replica.py), which turns events into actions. Must not import asyncio, socket, time,
-random, threading, select or selectors (tests/unit/test_replica_imports.py checks).
+Owns the protocol: election with epochs (election.py: the pure rules; electing.py: applying
+them), forwarding and acks (forward.py), log matching (history.py), the arbitrator lease
+rules (lease.py; a replica's own side: arbitration.py), and `Replica` (replica.py), which
+turns events into actions. The role's state and handlers are role objects: the master's
+(master.py), the follower's (follower.py), none (role.py); `Config` is config.py's.
+Must not import asyncio, socket, time, random, threading, select or selectors
+(tests/unit/test_replica_imports.py checks).
 """
 
 from vrepl.replica.actions import (
@@ -50,6 +53,7 @@ from vrepl.replica.events import (
     TruncateDone,
     WalPersisted,
 )
+from vrepl.replica.follower import CUTS_COMMITTED_RECORDS
 from vrepl.replica.invariant import InvariantViolation, invariant
 from vrepl.replica.lease import LeaseTable
 from vrepl.replica.messages import (

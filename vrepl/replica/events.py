@@ -157,7 +157,8 @@ class TruncateDone:
 @dataclass(frozen=True, slots=True)
 class RestoreFinished:
     """A file/WAL restore replaced the local state; the log now ends at (last_epoch,
-    last_version) with the given epoch history ((epoch, first_version), ...)."""
+    last_version) with the given epoch history ((epoch, first_version), ...), which a
+    non-empty log must have (docs/design.md §4.3)."""
 
     last_epoch: int
     last_version: int

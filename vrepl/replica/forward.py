@@ -84,8 +84,8 @@ class PendingWindowModel:
     def expire(self, now_tick: int) -> tuple[int, int] | None:
         """Remove and return versions whose deadline passed (deadlines grow with versions)."""
         point = 0
-        for version, deadline in self._pending:
-            if deadline > now_tick:
+        for version, deadline_tick in self._pending:
+            if deadline_tick > now_tick:
                 break
             point = version
         return self._pop_through(point)
@@ -168,12 +168,12 @@ class PeerState(enum.IntEnum):
 class PeerProgress:
     """What the master knows about one follower, plus per-peer counters."""
 
-    __slots__ = ("state", "acked_version", "commit_sent", "forwards", "forward_bytes", "acks")
+    __slots__ = ("state", "acked_version", "commit_sent_version", "forwards", "forward_bytes", "acks")
 
     def __init__(self) -> None:
         self.state = PeerState.PROBING
         self.acked_version = 0
-        self.commit_sent = 0  # the last Commit version sent to it since it (re)synced
+        self.commit_sent_version = 0  # the last Commit version sent to it since it (re)synced
         self.forwards = 0
         self.forward_bytes = 0
         self.acks = 0

@@ -3,9 +3,10 @@
 Owns: `EpochHistory`, a short ascending list of (epoch, first_version) pairs, and the two
 questions the log-matching step asks of it (docs/design.md §4.3): "where does my epoch <= e
 end?" and "which epoch wrote version v?". The same idea as Kafka's leader-epoch cache.
-Must not: do I/O. The WAL owner rebuilds the pairs at start-up by scanning record epochs;
-when it cannot, `EpochHistory.conservative()` claims the whole log for its last epoch, which
-only ever makes a follower truncate more than needed, never less.
+Must not: do I/O, or stand in for a history it was not given. The WAL owner rebuilds the
+pairs at start-up by scanning record epochs (a replica refuses a non-empty log without them):
+a guessed history, such as one epoch for the whole log, makes a follower cut records it
+shares with its master, confirmed ones included (docs/simulation.md finding 3).
 """
 
 from __future__ import annotations
@@ -38,10 +39,6 @@ class EpochHistory:
 
     def __init__(self, pairs: tuple[tuple[int, int], ...] = ()) -> None:
         self._pairs: list[tuple[int, int]] = list(pairs)
-
-    @classmethod
-    def conservative(cls, last_epoch: int, last_version: int) -> "EpochHistory":
-        return cls(((last_epoch, 1),) if last_version > 0 else ())
 
     def pairs(self) -> tuple[tuple[int, int], ...]:
         return tuple(self._pairs)

@@ -1,16 +1,15 @@
 """Always-on invariants for the replication core.
 
-Owns: `invariant(cond, why)` and the exception it raises. A broken invariant is a bug in vrepl,
+Owns: `invariant(cond, why)` (the exception it raises, InvariantViolation, a VreplError and an
+AssertionError, lives in vrepl/errors.py). A broken invariant is a bug in vrepl,
 never an expected condition (a stale message, a peer gone): those are ignored with a logged
 reason instead. Unlike `assert`, this check survives `python -O`.
-Must not: import anything outside the standard library.
+Must not: import anything but the standard library and vrepl.errors.
 """
 
 from __future__ import annotations
 
-
-class InvariantViolation(AssertionError):
-    """A vrepl bug: the state machine reached a state its design rules out."""
+from vrepl.errors import InvariantViolation
 
 
 def invariant(cond: object, why: str) -> None:

@@ -157,8 +157,8 @@ class ForwardBatch:
 
     def describe(self) -> str:
         last = self.first_version + len(self.payloads) - 1
-        size = sum(len(p) for p in self.payloads)
-        return f"forward_batch e{self.epoch} v{self.first_version}..v{last} prev e{self.prev_epoch} {size}B"
+        size_bytes = sum(len(p) for p in self.payloads)
+        return f"forward_batch e{self.epoch} v{self.first_version}..v{last} prev e{self.prev_epoch} {size_bytes}B"
 
 
 @dataclass(frozen=True, slots=True)

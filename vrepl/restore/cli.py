@@ -11,7 +11,7 @@ failure is one line on stderr and a documented exit code; never a traceback.
         rebuild a vnode's archived data by replaying a WAL into it (after a crash, or to a
         point in time), flushing as it goes
 
-Exit codes (docs/restore.md §8): 0 done, 1 the data is corrupt or inconsistent (bad data
+Exit codes (vrepl/exitcodes.py, docs/operations.md §Exit codes): 0 done, 1 the data is corrupt or inconsistent (bad data
 from the sender, a gap, a bad file, a file above max_file_bytes), 2 usage (bad argument,
 missing directory, no secret, a WAL file that is not a regular file), 3 interrupted, 4 the
 peer is unreachable, refused the connection or broke off, 5 a hostile file name was refused,
@@ -29,17 +29,18 @@ import sys
 import time
 from typing import Any
 
+from vrepl import wal as _wal
+from vrepl.config import parse_endpoint
+from vrepl.dirlock import lock_dir
+from vrepl.errors import (CliError, ConfigError, DirInUseError, FilesChanged, PeerError,
+                          RestoreError, VreplError, WalCorruptError)
+from vrepl.exitcodes import EXIT_FAILED, EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from vrepl.restore.dirsink import DirSink
+from vrepl.restore.receiver import Receiver, recover_interrupted_swap
+from vrepl.restore.stream import connect_sync
+from vrepl.transport.codec import RESTORE_TOOL_NODE_ID, ConnKind
 from vrepl.untrusted import printable
-
-EXIT_OK = 0
-EXIT_CORRUPT = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 3
-EXIT_PEER = 4
-EXIT_UNSAFE = 5
-EXIT_DISK_FULL = 6
-EXIT_CHANGING = 7
-EXIT_IN_USE = 8
+from vrepl.vnode import Vnode
 
 SECRET_ENV = "VREPL_SECRET"
 
@@ -50,7 +51,6 @@ def _err(message: str) -> None:
 
 
 def _failure_text(exc: Exception, attempts: int) -> str:
-    from vrepl.restore.errors import FilesChanged
     if isinstance(exc, FilesChanged):
         return f"the source kept changing ({attempts} attempts): {exc}"
     return str(exc)
@@ -99,29 +99,21 @@ def _read_secret(args: argparse.Namespace) -> bytes:
             with open(args.secret_file, "rb") as fh:
                 secret = fh.read().strip()
         except OSError as exc:
-            raise _Fail(f"{args.secret_file}: {exc.strerror}", EXIT_USAGE) from None
+            raise CliError(f"{args.secret_file}: {exc.strerror}", EXIT_USAGE) from None
     else:
         secret = os.environ.get(SECRET_ENV, "").encode()
     if not secret:
-        raise _Fail(f"no cluster secret: pass --secret-file or set ${SECRET_ENV}", EXIT_USAGE)
+        raise CliError(f"no cluster secret: pass --secret-file or set ${SECRET_ENV}", EXIT_USAGE)
     return secret
 
 
-class _Fail(Exception):
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
-
-
 def _lock_data(data: str, holder: str) -> Any:
-    """The --data directory's lock (one process per data directory), or _Fail(EXIT_IN_USE).
+    """The --data directory's lock (one process per data directory), or CliError(EXIT_IN_USE).
     Taken here, at the command's entry, never by the restore code a node also runs."""
-    from vrepl.dirlock import DirInUseError, lock_dir
-
     try:
         return lock_dir(data, holder)
     except DirInUseError as exc:
-        raise _Fail(str(exc), EXIT_IN_USE) from None
+        raise CliError(str(exc), EXIT_IN_USE) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,10 +125,6 @@ def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes,
     """One restore session into `data` (through `sink`, a DirSink of `data` by default; a node
     restoring itself passes its own, vrepl/node/selfrestore.py); returns the Receiver (stats)
     or raises RestoreError."""
-    from vrepl.restore.dirsink import DirSink
-    from vrepl.restore.receiver import Receiver
-    from vrepl.restore.stream import connect_sync
-    from vrepl.transport.codec import RESTORE_TOOL_NODE_ID, ConnKind
 
     stream = connect_sync(host, port, secret=secret, kind=ConnKind.BACKUP, vgroup_id=vgroup,
                           node=RESTORE_TOOL_NODE_ID, target_node=None, timeout_s=min(timeout_s, 10.0),
@@ -146,7 +134,6 @@ def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes,
         try:
             receiver.run(stream)
         except Exception as exc:
-            from vrepl.restore.errors import PeerError
             if not isinstance(exc, PeerError):
                 stream.send_error(str(exc))
             raise
@@ -156,23 +143,18 @@ def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes,
 
 
 def run_restore(args: argparse.Namespace) -> int:
-    from vrepl.config import parse_endpoint
-    from vrepl.errors import ConfigError
-    from vrepl.restore.errors import RestoreError
-    from vrepl.restore.receiver import recover_interrupted_swap
-
     lock = None
     try:
         try:
             host, port = parse_endpoint(args.source)
         except ConfigError as exc:
-            raise _Fail(str(exc), EXIT_USAGE) from None
+            raise CliError(str(exc), EXIT_USAGE) from None
         if args.retries < 0:
-            raise _Fail(f"--retries must be >= 0, got {args.retries}", EXIT_USAGE)
+            raise CliError(f"--retries must be >= 0, got {args.retries}", EXIT_USAGE)
         secret = _read_secret(args)
         data = os.path.abspath(args.data)
         if os.path.exists(data) and not os.path.isdir(data):
-            raise _Fail(f"{data}: not a directory", EXIT_USAGE)
+            raise CliError(f"{data}: not a directory", EXIT_USAGE)
         os.makedirs(data, exist_ok=True)
         lock = _lock_data(data, "vrepl restore")
         recovered = recover_interrupted_swap(data)
@@ -222,10 +204,10 @@ def run_restore(args: argparse.Namespace) -> int:
                 # The last attempt (or one no retry can help) ends with the one error line
                 # below and nothing before it: "resuming" only when a retry follows.
                 if not exc.restart or attempt > args.retries:
-                    raise _Fail(_failure_text(exc, attempt), exc.exit_code) from None
+                    raise CliError(_failure_text(exc, attempt), exc.exit_code) from None
                 print(f"vrepl: restore attempt {attempt} stopped: {printable(exc)}; resuming", file=sys.stderr)
                 time.sleep(min(0.2 * attempt, 2.0))
-    except _Fail as exc:
+    except CliError as exc:
         _err(str(exc))
         return exc.code
     except KeyboardInterrupt:
@@ -233,7 +215,7 @@ def run_restore(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except OSError as exc:
         _err(f"{getattr(exc, 'filename', '') or ''} {exc.strerror or exc}".strip())
-        return EXIT_CORRUPT
+        return EXIT_FAILED
     finally:
         if lock is not None:
             lock.release()
@@ -244,16 +226,12 @@ def run_restore(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from vrepl import wal as _wal
-    from vrepl.errors import VreplError, WalCorruptError
-    from vrepl.vnode import Vnode
-
     lock = None
     try:
         if not os.path.isdir(args.wal):
-            raise _Fail(f"{args.wal}: no such WAL directory", EXIT_USAGE)
+            raise CliError(f"{args.wal}: no such WAL directory", EXIT_USAGE)
         if args.to_version < 0:
-            raise _Fail("--to-version must be >= 0", EXIT_USAGE)
+            raise CliError("--to-version must be >= 0", EXIT_USAGE)
         lock = _lock_data(args.data, "vrepl replay")
         # docs/restore.md §8: a torn last record (a crash mid-write) is left out with a
         # warning; other corruption is refused unless --to-version stops before it.
@@ -265,19 +243,19 @@ def run_replay(args: argparse.Namespace) -> int:
             last_good = exc.last_good_version
             if not args.to_version or args.to_version > last_good:
                 hint = f"; 'vrepl replay --to-version {last_good}' rebuilds the good prefix" if last_good else ""
-                raise _Fail(f"{exc}{hint}", EXIT_CORRUPT) from None
+                raise CliError(f"{exc}{hint}", EXIT_FAILED) from None
         except _wal.WalError as exc:  # not a WAL directory, a WAL file that is not a regular file
-            raise _Fail(str(exc), EXIT_USAGE) from None
+            raise CliError(str(exc), EXIT_USAGE) from None
         if args.to_version and args.to_version > last_good:
             after = f" (it ends in a torn record after v{last_good})" if torn is not None else ""
-            raise _Fail(f"--to-version {args.to_version} is beyond the WAL's last version {last_good}{after}",
+            raise CliError(f"--to-version {args.to_version} is beyond the WAL's last version {last_good}{after}",
                         EXIT_USAGE)
         vnode = Vnode(args.data)
         start = vnode.get_version() + 1
         end = args.to_version or last_good
         if end < start - 1:
             vnode.close()
-            raise _Fail(f"{args.data} already holds v{start - 1}, beyond v{end}: replay cannot go back"
+            raise CliError(f"{args.data} already holds v{start - 1}, beyond v{end}: replay cannot go back"
                         " (restore a copy, then replay to the wanted version)", EXIT_USAGE)
         bar = _progress(not args.no_progress, counts=True)
         task = None
@@ -294,8 +272,8 @@ def run_replay(args: argparse.Namespace) -> int:
                 if rec.version > end:
                     break
                 if first and rec.version != start:
-                    raise _Fail(f"{args.wal}: the WAL resumes at v{rec.version} but {args.data} holds versions"
-                                f" up to v{start - 1}: v{start}..v{rec.version - 1} are missing", EXIT_CORRUPT)
+                    raise CliError(f"{args.wal}: the WAL resumes at v{rec.version} but {args.data} holds versions"
+                                f" up to v{start - 1}: v{start}..v{rec.version - 1} are missing", EXIT_FAILED)
                 first = False
                 vnode.write_to_cache(rec.version, rec.epoch, rec.payload, rec.msg_type)
                 applied += 1
@@ -314,14 +292,14 @@ def run_replay(args: argparse.Namespace) -> int:
                 bar.stop()
             vnode.close()
         if vnode.archived_version < end:
-            raise _Fail(f"replayed up to v{vnode.archived_version}, expected v{end}: the WAL ended early", EXIT_CORRUPT)
+            raise CliError(f"replayed up to v{vnode.archived_version}, expected v{end}: the WAL ended early", EXIT_FAILED)
         if torn is not None and end == last_good:
             print(f"vrepl: warning: {torn.describe()}: that record was not replayed ('vrepl wal repair"
                   f" {args.wal}' truncates it)", file=sys.stderr)
         print(f"replayed v{start}..v{end} ({applied} records) from {args.wal} into {args.data} in"
               f" {time.monotonic() - t0:.2f} s; archived version v{vnode.archived_version}")
         return EXIT_OK
-    except _Fail as exc:
+    except CliError as exc:
         _err(str(exc))
         return exc.code
     except KeyboardInterrupt:
@@ -329,7 +307,7 @@ def run_replay(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except (VreplError, OSError) as exc:
         _err(str(exc))
-        return EXIT_CORRUPT
+        return EXIT_FAILED
     finally:
         if lock is not None:
             lock.release()

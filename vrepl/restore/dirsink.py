@@ -8,14 +8,15 @@ Must not: touch anything the local manifest or the sender did not name.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 
 from vrepl import wal as _wal
-from vrepl.errors import VersionError
+from vrepl.errors import InvariantViolation, VersionError
 from vrepl.restore import protocol as P
-from vrepl.restore.errors import BadData, RestoreError
+from vrepl.restore.errors import BadData, DiskFull, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined
 from vrepl.restore.receiver import file_crc_magic
 
@@ -37,10 +38,10 @@ def read_manifest(data_path: str) -> dict | None:
 
 class DirSink:
     def __init__(self, data_path: str, *, max_record_bytes: int = _wal.DEFAULT_MAX_RECORD_BYTES,
-                 wal_max_file_bytes: int = _wal.DEFAULT_MAX_FILE_BYTES) -> None:
+                 max_wal_file_bytes: int = _wal.DEFAULT_MAX_FILE_BYTES) -> None:
         self.data_path = os.path.abspath(data_path)
         self.max_record_bytes = max_record_bytes
-        self.wal_max_file_bytes = wal_max_file_bytes
+        self.max_wal_file_bytes = max_wal_file_bytes
         self.writer: _wal.WalWriter | None = None
         self.new_wal = os.path.join(self.data_path, STAGING_DIR, "wal.new")
         self.begin: P.SyncBegin | None = None
@@ -73,7 +74,7 @@ class DirSink:
     def on_wal_begin(self, msg: P.WalBegin) -> None:
         shutil.rmtree(self.new_wal, ignore_errors=True)
         os.makedirs(self.new_wal)
-        w = _wal.WalWriter(self.new_wal, _wal.WalOptions(max_file_bytes=self.wal_max_file_bytes,
+        w = _wal.WalWriter(self.new_wal, _wal.WalOptions(max_file_bytes=self.max_wal_file_bytes,
                                                           max_record_bytes=self.max_record_bytes,
                                                           durability=_wal.Durability.NONE))
         w.last_version = msg.first_version - 1  # the restored files hold everything before it
@@ -83,7 +84,8 @@ class DirSink:
 
     def feed(self, block: bytes, scan) -> None:
         w = self.writer
-        assert w is not None
+        if w is None:
+            raise InvariantViolation("WAL data is fed before on_wal_begin()")
         first, last = int(scan.versions[0]), int(scan.versions[-1])
         if last <= w.last_version:
             return
@@ -98,8 +100,6 @@ class DirSink:
         except VersionError as exc:  # epochs going backwards, versions out of order: the sender's data
             raise BadData(f"bad WAL data from the sender: {exc}") from None
         except OSError as exc:
-            from vrepl.restore.errors import DiskFull
-            import errno
             if getattr(exc.__cause__, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFull(f"no space left on device writing the WAL under {self.data_path}: the previous"
                                " data is intact") from None
@@ -107,7 +107,8 @@ class DirSink:
 
     def on_wal_end(self, last_version: int) -> int:
         w = self.writer
-        assert w is not None
+        if w is None:
+            raise InvariantViolation("the WAL ends before on_wal_begin()")
         if w.last_version < last_version:
             raise BadData(f"the WAL stream ended at v{last_version} but the copy is at v{w.last_version}")
         w.close()  # fsyncs

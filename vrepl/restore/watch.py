@@ -18,6 +18,8 @@ import logging
 import os
 import time
 
+from vrepl.errors import InvariantViolation
+
 log = logging.getLogger("vrepl.restore")
 
 try:  # Linux only; absent elsewhere
@@ -92,7 +94,8 @@ class Watcher:
     # -- asking -----------------------------------------------------------------------------
 
     def _drain(self, timeout_ms: int) -> None:
-        assert self._ino is not None
+        if self._ino is None:
+            raise InvariantViolation("inotify is read before it is set up")
         for ev in self._ino.read(timeout=timeout_ms):
             if ev.wd in self._dirs:
                 self._dir_event = True

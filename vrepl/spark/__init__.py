@@ -6,7 +6,8 @@ quiet session (session.py), the report (report.py) and `vrepl validate` (cli.py)
 docs/validation.md. Must not: import pyspark at import time (vrepl works without the
 `spark` extra until a validation runs), or write into a replica directory.
 """
-from vrepl.spark.model import Finding, InputError, ReplicaSpec, SparkJobError
+from vrepl.errors import InputError, SparkJobError
+from vrepl.spark.model import Finding, ReplicaSpec
 from vrepl.spark.report import CheckResult, Report
 # Bound after the submodule is imported, so `vrepl.spark.validate` is this function (the
 # module stays reachable as sys.modules["vrepl.spark.validate"]; spark-submit uses the

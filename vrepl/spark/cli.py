@@ -5,7 +5,7 @@ interrupted) and what the operator sees: the summary table, or one line on stder
 not: check anything itself (validate.py does).
 
 vrepl/cli.py registers it with `add_parser(subparsers)`; `python -m vrepl.spark.validate`
-and spark-submit use `add_arguments()` + `run()` directly.
+and spark-submit (vrepl/spark/submit.py) run `main()`.
 """
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
-from vrepl.spark.model import (EXIT_INPUT, EXIT_INTERRUPTED, InputError, SparkJobError,
-                               parse_vgroup_arg)
+from vrepl.errors import InputError, SparkJobError
+from vrepl.exitcodes import EXIT_INTERRUPTED, EXIT_USAGE
+from vrepl.spark.model import parse_vgroup_arg
+from vrepl.spark.validate import (DEFAULT_BUCKET_MS, DEFAULT_EXAMPLES, DEFAULT_MAX_DIFF_ROWS,
+                                  validate)
 
 DESCRIPTION = ("Check that the replicas of one or more vgroups hold the same data (rows, file"
                " checksums, WAL versions, epochs) with Spark; exit 0 agree, 1 differences,"
@@ -26,11 +29,6 @@ EPILOG = """examples:
   vrepl validate --vgroup 2=/a/n1/v2,/a/n2/v2,/a/n3/v2 --vgroup 3=/a/n1/v3,/a/n2/v3 \\
       --master spark://127.0.0.1:7077 --out /tmp/report
 """
-
-
-DEFAULT_BUCKET_MS = 3_600_000      # the same values as vrepl.spark.validate (not imported:
-DEFAULT_EXAMPLES = 10              # registering the command must stay cheap)
-DEFAULT_MAX_DIFF_ROWS = 100_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,7 +108,6 @@ def _conf(args: argparse.Namespace) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the validation from parsed arguments; returns the exit code."""
-    from vrepl.spark.validate import validate
     try:
         groups = _groups(args)
         conf = _conf(args)
@@ -130,19 +127,27 @@ def run(args: argparse.Namespace) -> int:
         report.write(out)
     except InputError as exc:
         _err(str(exc))
-        return EXIT_INPUT
+        return EXIT_USAGE
     except SparkJobError as exc:
         _err(str(exc))
-        return EXIT_INPUT
+        return EXIT_USAGE
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_INTERRUPTED
     except OSError as exc:
         _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
-        return EXIT_INPUT
+        return EXIT_USAGE
     if args.json:
         import json
         print(json.dumps(report.to_json(), indent=1))
     else:
         report.print()
     return report.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m vrepl.spark.validate ...` / `spark-submit submit.py ...`: the options of
+    `vrepl validate`; under spark-submit the master is spark-submit's."""
+    parser = argparse.ArgumentParser(prog="vrepl.spark.validate", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 
 from vrepl import wal as _wal
 from vrepl._core import record as _rec
-from vrepl.spark.model import Finding, InputError, ReplicaSpec
+from vrepl.errors import InputError
+from vrepl.spark.model import Finding, ReplicaSpec
 from vrepl.vnode.errors import ArchiveError, PayloadError
 from vrepl.vnode.files import ARROW_TYPES, MANIFEST_NAME, ArchivedFile, Manifest, file_magic
 from vrepl.vnode.rows import decode_checked

@@ -1,35 +1,18 @@
-"""What the validation job works on and what it finds: replica specs, findings, input errors.
+"""What the validation job works on and what it finds: replica specs and findings.
 
 Owns: `ReplicaSpec` (which directory is which replica of which vgroup), `Finding` (one
-difference or defect, with a stable one-line `describe()`), the names of the checks, and
-`InputError` (exit code 2). Must not: read files or touch Spark.
+difference or defect, with a stable one-line `describe()`) and the names of the checks (its
+errors, InputError and SparkJobError, are in vrepl/errors.py). Must not: read files or touch
+Spark.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from vrepl.errors import VreplError
-
 CHECKS = ("rows", "files", "versions", "epochs", "schemas")
 # What the rows check finds per (vgroup, table, ts) key (docs/validation.md §rows).
 ROW_KINDS = ("missing", "extra", "differing", "duplicate")
-
-EXIT_AGREE = 0
-EXIT_DIFFER = 1
-EXIT_INPUT = 2
-EXIT_INTERRUPTED = 3
-
-
-class InputError(VreplError, ValueError):
-    """The inputs cannot be validated at all (missing path, unreadable manifest...): exit 2.
-
-    The message is one line naming the vgroup, the replica and the file.
-    """
-
-
-class SparkJobError(VreplError, RuntimeError):
-    """Spark could not start or a Spark job failed; the message is one line (no Java trace)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vrepl.spark.model import CHECKS, EXIT_AGREE, EXIT_DIFFER, ROW_KINDS, Finding
+from vrepl.exitcodes import EXIT_FAILED, EXIT_OK
+from vrepl.spark.model import CHECKS, ROW_KINDS, Finding
 
 REPORT_FORMAT = 1
 
@@ -68,7 +69,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_AGREE if self.agree else EXIT_DIFFER
+        return EXIT_OK if self.agree else EXIT_FAILED
 
     def findings(self) -> list[Finding]:
         return [f for c in self.checks.values() for f in c.findings]

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from typing import Any, Iterable, Mapping
 
-from vrepl.spark.model import SparkJobError
+from vrepl.errors import SparkJobError
 
 DEFAULT_LOG_LEVEL = "WARN"
 LOCAL_SHUFFLE_PARTITIONS = 8     # local[N]: the data fits one machine; 200 tasks cost seconds

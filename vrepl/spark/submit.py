@@ -19,5 +19,5 @@ if __name__ == "__main__":
             and len(sys.argv) == 1:
         print(os.path.abspath(__file__))
         sys.exit(0)
-    from vrepl.spark.validate import main
+    from vrepl.spark.cli import main
     sys.exit(main(sys.argv[1:]))

@@ -1,9 +1,10 @@
-"""Validate the replicas of one or more vgroups: `validate()` and the spark-submit entry.
+"""Validate the replicas of one or more vgroups: `validate()`.
 
 Owns: the order of the job (driver reads and checks files and WALs, then Spark compares
-rows and epochs), the Report it returns, and `main()` for `python -m vrepl.spark.validate`
-and `spark-submit <this file>`. docs/validation.md. Must not: print anything but the report
-and one-line errors, or write into a replica directory.
+rows and epochs) and the Report it returns; run as `python -m vrepl.spark.validate`, it
+hands its arguments to the command line (vrepl/spark/cli.py `main()`). docs/validation.md.
+Must not: print anything but the report and one-line errors, or write into a replica
+directory.
 
     report = validate({1: ["/data/n1", "/data/n2", "/data/n3"]}, spark=spark)
     report.exit_code   # 0 agree, 1 differences (report.checks[...].findings say where)
@@ -15,9 +16,10 @@ import time
 from typing import Any, Mapping, Sequence
 
 from vrepl import wal as _wal
+from vrepl.errors import InputError, SparkJobError
 from vrepl.spark import checks as C
 from vrepl.spark.inputs import ReplicaData, load_replicas
-from vrepl.spark.model import CHECKS, ROW_KINDS, Finding, InputError, SparkJobError, make_specs
+from vrepl.spark.model import CHECKS, ROW_KINDS, Finding, make_specs
 from vrepl.spark.report import CheckResult, Report
 
 DEFAULT_BUCKET_MS = 3_600_000      # digest bucket: one hour of ts per (table, bucket)
@@ -212,18 +214,7 @@ def _row_finding(d: dict[str, Any]) -> Finding:
     return Finding("rows", kind, msg, d["vgroup"], d["replica"], None, details)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m vrepl.spark.validate ...` / `spark-submit validate.py ...`: same options as
-    `vrepl validate`; under spark-submit the master is spark-submit's."""
-    import argparse
-
-    from vrepl.spark import cli
-    parser = argparse.ArgumentParser(prog="vrepl.spark.validate",
-                                     description=cli.DESCRIPTION)
-    cli.add_arguments(parser)
-    args = parser.parse_args(argv)
-    return cli.run(args)
-
-
 if __name__ == "__main__":
+    # `python -m vrepl.spark.validate`: this file runs as a script; the command line is cli's.
+    from vrepl.spark.cli import main
     sys.exit(main())

@@ -1,6 +1,6 @@
 """A cluster of node_runner processes on 127.0.0.1 (integration tests and bench).
 
-Owns: free loopback ports, one JSON config and data directory per node, starting,
+Owns: one JSON config and data directory per node, starting (vrepl.child.start_child),
 signalling (SIGKILL / SIGSTOP / SIGCONT) and restarting node processes, collecting their
 stdout events, and waiting for conditions with a deadline. `close()` kills every process
 it started, whatever state the test is in; use it as a context manager or pytest fixture.
@@ -12,23 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vrepl.child import python_argv
-
-LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago (bind to port 0, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+from vrepl import wal
+from vrepl.child import LOOPBACK, free_ports, python_argv, start_child, wait_for
 
 
 @dataclass
@@ -71,7 +61,7 @@ class ProcessCluster:
         self.base_dir = base_dir
         self.vgroup_id = vgroup_id
         self.secret = secret
-        ports = sorted(free_port() for _ in range(n))
+        ports = sorted(free_ports(n))
         self.replicas = [[i + 1, f"{LOOPBACK}:{p}"] for i, p in enumerate(ports)]
         self.nodes: dict[int, NodeProc] = {}
         for i, port in enumerate(ports):
@@ -100,14 +90,9 @@ class ProcessCluster:
         for np_ in [self.nodes[node]] if node is not None else list(self.nodes.values()):
             np_.events = []
             np_.stopped = False
-            np_.proc = subprocess.Popen(
-                python_argv("-m", "vrepl.testing.node_runner", np_.config_path),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=open(np_.log_file + ".stderr", "ab"),
-                text=True,
-                bufsize=1,
-            )
+            np_.proc = start_child(python_argv("-m", "vrepl.testing.node_runner", np_.config_path),
+                                   stderr_path=np_.log_file + ".stderr", stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, new_session=False)
             threading.Thread(target=self._reader, args=(np_, np_.proc), daemon=True).start()
 
     def _reader(self, np_: NodeProc, proc: subprocess.Popen) -> None:
@@ -159,14 +144,7 @@ class ProcessCluster:
     # -- observing -------------------------------------------------------------------------------
 
     def wait_for(self, what: str, cond: Callable[[], Any], timeout_s: float = 10.0, poll_s: float = 0.01) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            got = cond()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not within {timeout_s} s: {what}; roles {self.roles()}")
-            time.sleep(poll_s)
+        return wait_for(what, cond, timeout_s, poll_s, detail=lambda: f"roles {self.roles()}")
 
     def roles(self) -> dict[int, str | None]:
         return {n: (np_.role() if np_.alive() else "dead") for n, np_ in self.nodes.items()}
@@ -207,6 +185,5 @@ class ProcessCluster:
         return [ev for ev in self.nodes[node].snapshot() if ev["event"] == "confirm" and ev["t"] >= after]
 
     def wal(self, node: int) -> list[tuple[int, int, bytes]]:
-        from vrepl.wal import read_records
-
-        return [(r.epoch, r.version, r.payload) for r in read_records(os.path.join(self.nodes[node].data_path, "wal"))]
+        return [(r.epoch, r.version, r.payload)
+                for r in wal.read_records(os.path.join(self.nodes[node].data_path, "wal"))]

@@ -22,14 +22,13 @@ Must not: be used as a real vnode; it is a harness.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import sys
 import threading
 import time
 
+from vrepl.child import die_with_parent
 from vrepl.config import SyncConfig
 from vrepl.errors import VreplError
 from vrepl.logsetup import setup_logging
@@ -49,14 +48,6 @@ def emit(event: str, **fields: object) -> None:
 def payload_for(version: int, size: int) -> bytes:
     head = b"v%d|" % version
     return (head * (size // len(head) + 1))[:size]
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def sync_config(c: dict) -> SyncConfig:
@@ -252,7 +243,7 @@ def run_node_process(argv: list[str] | None, make_node) -> int:
     start `make_node(conf)` (anything with start() and serve()), and serve until told to
     quit. Exit code 2 when the node cannot start (the reason is emitted as an event)."""
     argv = sys.argv[1:] if argv is None else argv
-    _die_with_parent()
+    die_with_parent()
     with open(argv[0]) as fh:
         conf = json.load(fh)
     setup_logging(level=conf.get("log_level", "INFO"), log_file=conf.get("log_file") or None,

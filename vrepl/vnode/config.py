@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from vrepl._core import record as _rec
+from vrepl.renamed import renamed_settings
 
 PRECISIONS = {"ms": 1_000, "us": 1_000_000}   # units per second
 
@@ -17,6 +18,16 @@ DEFAULT_FILE_SPAN_MS = 10 * MS_PER_DAY          # TDengine's default days-per-fi
 _TS_MAX_MS = 253_402_300_799_999
 
 
+# Limits renamed to `max_<what>_<unit>` (vrepl/renamed.py): {old name: new name}.
+RENAMED_VNODE_SETTINGS = {
+    "memtable_max_bytes": "max_memtable_bytes",
+    "memtable_max_rows": "max_memtable_rows",
+    "memtable_max_age_ms": "max_memtable_age_ms",
+    "dedup_max_entries": "max_dedup_entries",
+}
+
+
+@renamed_settings(RENAMED_VNODE_SETTINGS)
 @dataclass(frozen=True)
 class VnodeConfig:
     precision: str = "ms"                    # "ms" or "us": unit of every ts
@@ -29,11 +40,11 @@ class VnodeConfig:
     ts_min: int | None = None                # None: 0 (1970-01-01); in the precision's unit
     ts_max: int | None = None                # None: 9999-12-31 in the precision's unit
     file_span_ms: int = DEFAULT_FILE_SPAN_MS # time range of one archived file set
-    memtable_max_bytes: int = 64 * 1024 * 1024  # flush when the memtable holds this much
-    memtable_max_rows: int = 1_000_000       # ... or this many rows
-    memtable_max_age_ms: int = 60_000        # ... or its oldest unflushed row is this old
+    max_memtable_bytes: int = 64 * 1024 * 1024  # flush when the memtable holds this much
+    max_memtable_rows: int = 1_000_000       # ... or this many rows
+    max_memtable_age_ms: int = 60_000        # ... or its oldest unflushed row is this old
     max_confirmations: int = 100_000         # confirm_forward statuses kept for waiters
-    dedup_max_entries: int = 200_000         # request ids remembered for retried writes
+    max_dedup_entries: int = 200_000         # request ids remembered for retried writes
     fsync: bool = True                       # fsync archived files and the manifest
 
     @property

@@ -1,43 +1,8 @@
-"""Exceptions raised by the reference vnode (vrepl.vnode).
+"""The reference vnode's exceptions, re-exported (defined in vrepl/errors.py, their one home).
 
-Owns: the error types of the storage half (payloads, archived files, the manifest). Each
-subclasses VnodeError (a VreplError) and the builtin it behaves like, following
-vrepl/errors.py. Bad client input is not an exception: rows_invalid() returns a reason.
+Owns: nothing but the names vrepl.vnode's modules and callers import from here.
+Must not: define an error type (add it to vrepl/errors.py).
 """
-from __future__ import annotations
+from vrepl.errors import ApplyError, ArchiveError, PayloadError, VnodeClosedError, VnodeError
 
-from vrepl.errors import VreplError
-
-
-class VnodeError(VreplError):
-    """Base of every error the vnode raises on purpose."""
-
-
-class PayloadError(VnodeError, ValueError):
-    """A WAL payload that is not a valid batch of rows (corrupt, foreign, wrong shape)."""
-
-    def __init__(self, reason: str, version: int | None = None):
-        self.reason = reason
-        self.version = version
-        where = f"version {version}: " if version is not None else ""
-        super().__init__(f"{where}malformed row payload: {reason}")
-
-
-class ApplyError(VnodeError, ValueError):
-    """A decoded batch that cannot be applied (its types conflict with the table schema)."""
-
-
-class ArchiveError(VnodeError, OSError):
-    """An archived file or the manifest cannot be used as it is; names the file."""
-
-    def __init__(self, path: str, reason: str):
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}")
-
-    def __str__(self) -> str:  # OSError's __str__ would show errno/strerror
-        return self.args[0]
-
-
-class VnodeClosedError(VnodeError, RuntimeError):
-    """A call on a vnode after close()."""
+__all__ = ["ApplyError", "ArchiveError", "PayloadError", "VnodeClosedError", "VnodeError"]

@@ -39,6 +39,7 @@ from vrepl.vnode.errors import ApplyError, ArchiveError, VnodeClosedError, Vnode
 from vrepl.vnode.files import (MANIFEST_NAME, ArchivedFile, ArchiveStore, Manifest,
                                arrow_schema, conform, file_magic, name_invalid, newest_per_ts)
 from vrepl.vnode.memtable import Memtable, TableLog
+from vrepl.wal import WalReader, inspect, list_wal_files  # read only: the WAL is the sync's
 
 WAL_DIR = "wal"
 MSG_TYPE_DATA = 1            # vrepl.wal.MSG_TYPE_DATA: records the vnode decodes
@@ -211,7 +212,7 @@ class Vnode:
         rids = self._rids
         rids[rid] = version
         rids.move_to_end(rid)
-        if len(rids) > self.config.dedup_max_entries:
+        if len(rids) > self.config.max_dedup_entries:
             rids.popitem(last=False)
 
     def request_version(self, request_id: str) -> int | None:
@@ -361,7 +362,6 @@ class Vnode:
 
     def get_wal_info(self, index: int = 0) -> WalInfo:
         """getWalInfo (seed rule 5) over `<data path>/wal`: index 0 = the oldest file."""
-        from vrepl.wal import list_wal_files   # the WAL is the sync instance's; only listed
         if not os.path.isdir(self.wal_dir):
             return WalInfo(0, index, "")
         files = list_wal_files(self.wal_dir)
@@ -389,13 +389,13 @@ class Vnode:
                 return None
             if up_to_version is not None and mem.min_version > up_to_version:
                 return None
-            if mem.bytes >= cfg.memtable_max_bytes:
-                return f"memtable holds {mem.bytes} bytes >= memtable_max_bytes"
-            if mem.rows >= cfg.memtable_max_rows:
-                return f"memtable holds {mem.rows} rows >= memtable_max_rows"
+            if mem.bytes >= cfg.max_memtable_bytes:
+                return f"memtable holds {mem.bytes} bytes >= max_memtable_bytes"
+            if mem.rows >= cfg.max_memtable_rows:
+                return f"memtable holds {mem.rows} rows >= max_memtable_rows"
             age_ms = ((self._clock() if now is None else now) - mem.first_write_at) * 1000
-            if age_ms >= cfg.memtable_max_age_ms:
-                return f"oldest unflushed row is {age_ms:.0f} ms old >= memtable_max_age_ms"
+            if age_ms >= cfg.max_memtable_age_ms:
+                return f"oldest unflushed row is {age_ms:.0f} ms old >= max_memtable_age_ms"
             return None
 
     def maybe_flush(self, wal: Any = None, up_to_version: int | None = None
@@ -589,7 +589,6 @@ class Vnode:
         in the files. A WAL that starts after archived_version + 1 lost records the files do
         not have: VnodeError, never a silent gap.
         """
-        from vrepl.wal import WalReader
         wal_dir = wal_dir or self.wal_dir
         if not os.path.isdir(wal_dir):
             return 0
@@ -618,7 +617,6 @@ class Vnode:
             self._store.reload()
             self._mem = Memtable()
             self._load_from_manifest()
-            from vrepl.wal import inspect
             wal_dir = wal_dir or self.wal_dir
             archived = self.applied_version
             if os.path.isdir(wal_dir):

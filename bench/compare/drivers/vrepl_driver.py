@@ -44,7 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import jsonline
-from vrepl.child import python_argv
+from vrepl.child import node_argv
 
 from ..procs import ProcessRegistry, bench_module_argv, free_ports
 from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
@@ -155,9 +155,7 @@ class VreplClientDriver(Driver):
         self.cluster = c = LocalCluster(str(self.data_base), 3, vgroup=self.vgroup, quorum=2,
                                         log_level="WARNING")
         for nid, node in c.nodes.items():
-            node.proc = procs.spawn(f"vrepl-n{nid}", python_argv("-m", "vrepl.cli", "node",
-                                                                "--config", node.config_path),
-                                    cwd=REPO_ROOT)
+            node.proc = procs.spawn(f"vrepl-n{nid}", node_argv(node.config_path), cwd=REPO_ROOT)
         c.wait_ready(timeout_s=30)
         c.wait_master(slaves=2, timeout_s=30)
         client = VreplHttpClient(c.endpoints, self.vgroup)

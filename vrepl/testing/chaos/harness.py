@@ -30,8 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vrepl.child import python_argv
-from vrepl.node.local import _die_with_parent, free_ports, render_toml
+from vrepl import wal
+from vrepl.child import free_ports, node_argv, python_argv, start_child, wait_for
+from vrepl.node.local import render_toml
 from vrepl.testing.chaos import check as _check
 from vrepl.testing.chaos.netns import NemesisUnsupported, Topology, namespaces_available
 
@@ -44,7 +45,7 @@ ARB_LEASE_MS = 2500  # >= the replicas' arbitrator_lease_ticks x tick_ms (2000) 
 # ~0.4 s at the workload's rate, by age after 1 s (an isolated master's memtable comes due
 # well within any isolation: only what the group committed may be archived then, issue 13);
 # one archived file per minute of a table's ts (600 writes).
-CHAOS_VNODE = {"memtable_max_rows": 200, "memtable_max_age_ms": 1000, "file_span_ms": 60_000}
+CHAOS_VNODE = {"max_memtable_rows": 200, "max_memtable_age_ms": 1000, "file_span_ms": 60_000}
 CHAOS_NODE = {"flush_check_ms": 200}
 # The log line of every role change, in the node's text log format: the node's own
 # (`vg7 n2: role master, epoch 3, master 2`) or the sync layer's
@@ -91,10 +92,9 @@ class Proc:
     def start(self) -> None:
         self.events = []
         self.paused = False
-        with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
-                                         preexec_fn=_die_with_parent)
+        self.proc = start_child(self.argv, stderr_path=self.stderr_path, text=True, new_session=False,
+                                stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE)
         threading.Thread(target=self._reader, args=(self.proc,), daemon=True).start()
 
     def _reader(self, proc: subprocess.Popen) -> None:
@@ -255,7 +255,6 @@ class ChaosCluster:
         self.nodes: dict[int, NodeProc] = {}
         self.data: dict[int, str] = {}
         self.disk_kib = disk_kib
-        node_cmd = _command("vrepl", "vrepl.cli")
         for i in range(1, n + 1):
             d = os.path.join(self.dir, f"n{i}")
             os.makedirs(d)
@@ -276,7 +275,7 @@ class ChaosCluster:
             path = os.path.join(d, "node.toml")
             with open(path, "w") as fh:
                 fh.write(render_toml(doc))
-            self.nodes[i] = NodeProc(f"n{i}", [*topo.exec_prefix(f"n{i}"), *node_cmd, "node", "--config", path],
+            self.nodes[i] = NodeProc(f"n{i}", [*topo.exec_prefix(f"n{i}"), *node_argv(path, console_script=True)],
                                      os.path.join(d, "stderr.log"), stdin=False,
                                      log_path=os.path.join(d, "node.log"))
         self.arb: Proc | None = None
@@ -445,14 +444,7 @@ class ChaosCluster:
         return ev or {"key": key, "status": "unknown", "detail": "no answer from the workload"}
 
     def wait_for(self, what: str, cond: Callable[[], Any], timeout_s: float = 10.0, poll_s: float = 0.02) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            got = cond()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not within {timeout_s} s: {what}; roles {self.role_summary()}")
-            time.sleep(poll_s)
+        return wait_for(what, cond, timeout_s, poll_s, detail=lambda: f"roles {self.role_summary()}")
 
     def role_summary(self) -> dict[int, str]:
         out = {}
@@ -501,8 +493,6 @@ class ChaosCluster:
         """truncate: cut nbytes off the last WAL file; corrupt: flip a bit nbytes before its
         end (tools/walfault.py). The node must be dead."""
         assert not self.nodes[i].alive(), "damage a WAL only between a kill and a restart"
-        from vrepl import wal
-
         files = wal.list_wal_files(self.wal_dir(i))
         last = files[-1].path
         size = os.path.getsize(last)
@@ -622,9 +612,7 @@ class ChaosCluster:
         return {i: got[i] for i in among or self.nodes}
 
     def logs(self) -> dict[int, list[tuple[int, int, bytes]]]:
-        from vrepl.wal import read_records
-
-        return {i: [(r.epoch, r.version, r.payload) for r in read_records(self.wal_dir(i))] for i in self.nodes}
+        return {i: [(r.epoch, r.version, r.payload) for r in wal.read_records(self.wal_dir(i))] for i in self.nodes}
 
     def masters_per_epoch(self) -> dict[int, set[int]]:
         out: dict[int, set[int]] = {}

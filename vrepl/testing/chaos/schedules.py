@@ -121,7 +121,7 @@ def isolate_past_flush_age(c: ChaosCluster, m: int, seconds: float) -> list[str]
 @schedule(needs_netns=True)
 def isolate_master_past_flush_age(base_dir: str, long: bool = False, namespaced: bool | None = None) -> Result:
     """Partition the master from both slaves for 6 s (12 s long), longer than the nodes'
-    memtable_max_age_ms (1 s), while clients reach it: it steps down holding records no
+    max_memtable_age_ms (1 s), while clients reach it: it steps down holding records no
     other replica has and archives its memtable while cut off; on heal those records must
     be cut and every replica must hold every acknowledged write, rows identical (issue 13)."""
     with _cluster(base_dir, namespaced, needs_netns=True).start() as c:

@@ -49,6 +49,7 @@ import threading
 import time
 from typing import Any
 
+from vrepl.child import die_with_parent
 from vrepl.client import BadRequestError, Client, NotWrittenError, OutcomeUnknownError
 
 HARNESS_TABLE = "chaos_h"
@@ -306,10 +307,8 @@ class Workload:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vrepl.node.local import _die_with_parent
-
     argv = sys.argv[1:] if argv is None else argv
-    _die_with_parent()
+    die_with_parent()
     with open(argv[0]) as fh:
         Workload(json.load(fh)).main()
     return 0

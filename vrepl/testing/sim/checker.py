@@ -16,8 +16,10 @@ of the promises of docs/design.md breaks:
 * (epoch, version) names one record: two WALs never hold different payloads at the same
   (epoch, version) — the log matching that truncation and SyncStart rely on (§4.3);
 * the commit index (§4.4): a version committed on any node (CommitAdvanced) names one
-  record for ever; a committed record is never truncated from any node's WAL and the final
-  master holds every one — in every quorum mode, since the app archives what is committed.
+  record for ever; a committed record is never truncated from any node's WAL, nor asked to
+  be (the core refuses such a TruncateRequest and logs it at ERROR: the run fails on that
+  line), and the final master holds every one — in every quorum mode, since the app
+  archives what is committed.
 
 With quorum < majority (asynchronous replication) losing a confirmed write is the documented
 price of that setting: `lossy=True` counts losses in `lost` instead of raising.
@@ -127,6 +129,12 @@ class History:
             if holders < self.quorum:
                 self._lose(rec, f"n{node} truncated confirmed {rec.describe()} after v{cut}:"
                                 f" only {holders} durable copies left, quorum {self.quorum}")
+
+    def on_committed_cut_refused(self, node: int, text: str) -> None:
+        """`node` was asked to truncate records at or below its commit version. The core
+        refuses it (a peer's message never trips an invariant there), but only a bug sends
+        that request (docs/design.md §4.4)."""
+        self._violate(f"n{node} was asked to cut committed records: {text}")
 
     def check_final(self, node: int, log: Sequence[Record]) -> None:
         """The converged master's log holds every confirmed and every committed record."""

@@ -1,6 +1,6 @@
 """Proposed fixes for the core bugs the simulator found, applied in-process on request.
 
-STATUS: fixes 1 and 2 below are now part of vrepl/replica/replica.py; assumed_fixes() is a
+STATUS: fixes 1 and 2 below are now part of vrepl/replica/; assumed_fixes() is a
 no-op kept so that `--assume-fixes` in recorded commands still works.
 
 Owns: `assumed_fixes()`, a context manager that patches `vrepl.replica.Replica` for the
@@ -29,7 +29,7 @@ import contextlib
 
 @contextlib.contextmanager
 def assumed_fixes():
-    """Both fixes have landed in vrepl/replica/replica.py (`_own_promise_from_disk`, and no
+    """Both fixes have landed in vrepl/replica/ (`_own_promise_from_disk`, and no
     candidacy while `truncating_to` is set), so there is nothing left to patch: the flag is
     kept so that recorded commands still run, and now runs the real core unchanged."""
     yield

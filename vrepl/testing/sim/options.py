@@ -62,7 +62,6 @@ class SimOptions:
     pause_rate: float = 0.002
     resume_rate: float = 0.04  # per paused node
     torn_tail_share: float = 0.5  # of crashes: part of the un-fsynced tail survives
-    conservative_history_share: float = 0.0  # restarts that describe the WAL as one epoch
 
     # Network faults (per tick).
     partition_rate: float = 0.01
@@ -103,7 +102,7 @@ CALM = dict(
 HARSH = dict(
     crash_rate=0.01, pause_rate=0.006, partition_rate=0.03, heal_rate=0.04, conn_loss_rate=0.005,
     slow_disk_rate=0.01, slow_message_rate=0.05, arbitrator_crash_rate=0.006,
-    arbitrator_link_cut_rate=0.01, conservative_history_share=0.0,
+    arbitrator_link_cut_rate=0.01,
 )
 # The "flush during isolation" family (issue 13): partitions mostly cut the master off from its
 # majority (and its arbitrator) for long periods (heal 0.01/tick: ~100 ticks, while the
@@ -118,7 +117,7 @@ PROFILES: dict[str, dict] = {"calm": CALM, "default": {}, "harsh": HARSH, "isola
 # Options the CLI exposes (name -> type); repro_args() prints the ones that differ.
 CLI_FIELDS = (
     "replicas", "quorum", "safety_ticks", "liveness_ticks", "write_rate", "crash_rate", "pause_rate",
-    "partition_rate", "conn_loss_rate", "slow_disk_rate", "conservative_history_share", "flush_rate",
+    "partition_rate", "conn_loss_rate", "slow_disk_rate", "flush_rate",
     "flush_limit",
 )
 

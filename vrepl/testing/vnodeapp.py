@@ -1,22 +1,21 @@
-"""A small app embedding a sync instance with the reference vnode, for restore tests and
-the restore benchmark (not used by the node process).
+"""A small app embedding a sync instance with the reference vnode, for the restore tests
+(not used by the node process).
 
 Owns: `VnodeApp` (one replica: a Vnode applying forwarded records, getFileInfo /
 notifyFileSynced / getVersion from the Vnode, a `write()` helper on the master, `flush()`
-that archives and recycles the WAL), `make_configs()` and `wait_for()`.
+that archives and recycles the WAL) and `make_configs()`.
 Must not: be imported by production code.
 """
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
+from vrepl.child import free_ports
 from vrepl.config import ReplicaAddress, SyncConfig
 from vrepl.replica import ConfirmStatus
 from vrepl.restore.config import RestoreConfig
 from vrepl.sync import SyncCallbacks, SyncInstance
-from vrepl.testing.cluster import free_port
 from vrepl.vnode import Vnode
 from vrepl.vnode.config import VnodeConfig
 
@@ -24,21 +23,10 @@ SECRET = b"restore-secret"
 
 
 def make_configs(tmp_path: Any, n: int = 3, vgroup_id: int = 5, **opts: Any) -> list[SyncConfig]:
-    ports = sorted(free_port() for _ in range(n))
+    ports = sorted(free_ports(n))
     replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
     return [SyncConfig(vgroup_id=vgroup_id, replicas=replicas, self_index=i, data_path=str(tmp_path / f"n{i + 1}"),
                        secret=SECRET, **opts) for i in range(n)]
-
-
-def wait_for(cond: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 class VnodeApp:
@@ -50,7 +38,7 @@ class VnodeApp:
         self.cfg = cfg
         # raw: payloads are opaque bytes kept in a dict (benchmarks); else vnode rows
         self.raw = raw
-        self.vnode = Vnode(cfg.data_path, vnode_cfg or VnodeConfig(fsync=False, memtable_max_age_ms=3_600_000))
+        self.vnode = Vnode(cfg.data_path, vnode_cfg or VnodeConfig(fsync=False, max_memtable_age_ms=3_600_000))
         self.vnode.recover(f"{cfg.data_path}/wal")
         self.applied_raw: dict[int, bytes] = {}
         self.roles: list[str] = []
