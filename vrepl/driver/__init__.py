@@ -12,5 +12,16 @@ from vrepl.driver.driver import PEER_MESSAGE_TYPES, Driver, DriverOptions, batch
 from vrepl.driver.ports import App, Bus, Clock, Restorer, Storage
 from vrepl.driver.restoring import WAIT, ReplicaRestore
 
-__all__ = ["App", "Bus", "Clock", "Driver", "DriverOptions", "PEER_MESSAGE_TYPES", "ReplicaRestore", "Restorer",
-           "Storage", "WAIT", "batch_bounds"]
+__all__ = [
+    "App",
+    "Bus",
+    "Clock",
+    "Driver",
+    "DriverOptions",
+    "PEER_MESSAGE_TYPES",
+    "ReplicaRestore",
+    "Restorer",
+    "Storage",
+    "WAIT",
+    "batch_bounds",
+]

@@ -37,7 +37,6 @@ from vrepl.replica import (
     Action,
     AppAcked,
     AppForwardBatch,
-    ArbitratorConnected,
     ArbitratorGrant,
     ArbitratorGranted,
     ArbitratorLost,
@@ -54,7 +53,6 @@ from vrepl.replica import (
     Heartbeat,
     Log,
     NotifyRole,
-    PeerConnected,
     PeerDisconnected,
     PeerRestoring,
     PersistBatch,
@@ -80,7 +78,17 @@ from vrepl.replica import (
 from vrepl.replica.invariant import invariant
 from vrepl.transport import codec
 
-PEER_MESSAGE_TYPES = (Status, Heartbeat, Forward, ForwardBatch, ForwardAck, SyncRequest, TruncateRequest, SyncStart, Commit)
+PEER_MESSAGE_TYPES = (
+    Status,
+    Heartbeat,
+    Forward,
+    ForwardBatch,
+    ForwardAck,
+    SyncRequest,
+    TruncateRequest,
+    SyncStart,
+    Commit,
+)
 _encode = codec.encode
 _encode_records = codec.encode_records
 
@@ -95,7 +103,9 @@ class DriverOptions:
     restore_min_lag_versions: int = 10_000  # a lag below this that the WAL holds is streamed in band
 
 
-def batch_bounds(payloads: "list[bytes] | tuple[bytes, ...]", max_records: int, max_bytes: int) -> list[tuple[int, int]]:
+def batch_bounds(
+    payloads: "list[bytes] | tuple[bytes, ...]", max_records: int, max_bytes: int
+) -> list[tuple[int, int]]:
     """Split a run of records into batches (one WAL append and one frame each): (start, end)
     index pairs, in order, covering the run. Each batch takes records while it has fewer than
     max_records and its payload bytes stay <= max_bytes; a batch always takes at least one
@@ -128,10 +138,18 @@ class Driver:
     there).
     """
 
-    def __init__(self, replica: Replica, bus: Bus, storage: Storage, app: App, *,
-                 restorer: Restorer | None = None, options: DriverOptions | None = None,
-                 on_log: Callable[[str, int, str], Any] | None = None,
-                 on_action: Callable[[Action], Any] | None = None) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        bus: Bus,
+        storage: Storage,
+        app: App,
+        *,
+        restorer: Restorer | None = None,
+        options: DriverOptions | None = None,
+        on_log: Callable[[str, int, str], Any] | None = None,
+        on_action: Callable[[Action], Any] | None = None,
+    ) -> None:
         self.replica = replica
         self.bus = bus
         self.storage = storage
@@ -152,8 +170,17 @@ class Driver:
         self.streams = WalStreams(self)
         self.restore = ReplicaRestore(self)
         self.counters: dict[str, int] = dict.fromkeys(
-            ("forwards", "forward_bytes", "app_acks", "epochs_promised", "streams", "streamed_records",
-             "streamed_in_band"), 0)
+            (
+                "forwards",
+                "forward_bytes",
+                "app_acks",
+                "epochs_promised",
+                "streams",
+                "streamed_records",
+                "streamed_in_band",
+            ),
+            0,
+        )
 
     # ================================================================== events in
 
@@ -168,7 +195,7 @@ class Driver:
             self._deferred.append(event)
             return
         if type(event) is PeerDisconnected:
-            self.streams.stop_node(event.node)  # type: ignore[attr-defined]
+            self.streams.stop_node(event.node)
         self._execute(self.replica.step(event))  # type: ignore[arg-type]
 
     def tick(self, count: int = 1) -> None:
@@ -385,7 +412,9 @@ class Driver:
                         self.on_log("replica", int(action.level), action.text)
                 elif t is PersistRecords:
                     recs = action.records
-                    block = _encode_records(recs[0].version, tuple(r.epoch for r in recs), tuple(r.payload for r in recs))
+                    block = _encode_records(
+                        recs[0].version, tuple(r.epoch for r in recs), tuple(r.payload for r in recs)
+                    )
                     storage.append(recs[0].version, recs[-1].version, block)
                 elif t is WriteToCache:
                     rec = action.record
@@ -432,14 +461,16 @@ class Driver:
             return
         wal_first = self.storage.first_version() or action.last_version + 1
         lag = action.last_version - action.first_version + 1
-        if self.restorer is None or (wal_first <= action.first_version
-                                     and lag < self.options.restore_min_lag_versions):
+        if self.restorer is None or (wal_first <= action.first_version and lag < self.options.restore_min_lag_versions):
             self.counters["streamed_in_band"] += 1
             self.streams.start(action)
             return
         self._deferred.append(PeerRestoring(action.node))
-        self.log(20, f"restore of n{action.node} from v{action.first_version} (log end v{action.last_version},"
-                     f" WAL from v{wal_first})")
+        self.log(
+            20,
+            f"restore of n{action.node} from v{action.first_version} (log end v{action.last_version},"
+            f" WAL from v{wal_first})",
+        )
         self.restorer.start_sender(action.node, action.first_version, action.last_version)
 
     def log_prefix(self) -> str:

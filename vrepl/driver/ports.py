@@ -105,8 +105,7 @@ class Storage(Protocol):
 class App(Protocol):
     """The embedding app (seed: writeToCache, confirmForward, notifyRole, ...)."""
 
-    def write_to_cache(self, first_version: int, record_epochs: tuple[int, ...],
-                       payloads: tuple[bytes, ...]) -> None:
+    def write_to_cache(self, first_version: int, record_epochs: tuple[int, ...], payloads: tuple[bytes, ...]) -> None:
         """A follower appended these records to its WAL: apply them, ack with AppAcked."""
 
     def confirm_forward(self, first_version: int, last_version: int, status: ConfirmStatus) -> None:

@@ -134,8 +134,7 @@ class ReplicaRestore:
         before the WAL is reset)."""
         r = self.d.replica
         if base > r.last_version and not 1 <= prev_epoch <= r.promised_epoch:
-            return (f"wal_begin at v{base + 1} with prev epoch e{prev_epoch},"
-                    f" outside e1..e{r.promised_epoch}")
+            return f"wal_begin at v{base + 1} with prev epoch e{prev_epoch}, outside e1..e{r.promised_epoch}"
         return None
 
     def rebase(self, node: int, base: int, prev_epoch: int, history: tuple[tuple[int, int], ...]) -> str | None:
@@ -169,10 +168,11 @@ class ReplicaRestore:
         k = r.last_version + 1 - first
         if k:
             prev_epoch = int(scan.epochs[k - 1])
-            block = block[int(scan.offsets[k]):]
+            block = block[int(scan.offsets[k]) :]
         try:
-            prev, epochs, payloads, blk = _wire.decode_forward_body(_U64.pack(prev_epoch) + block, first + k,
-                                                                    r.cfg.record_max_bytes)
+            prev, epochs, payloads, blk = _wire.decode_forward_body(
+                _U64.pack(prev_epoch) + block, first + k, r.cfg.record_max_bytes
+            )
         except FrameError as exc:
             return str(exc)
         self._step(RestoredRecords(node, ForwardBatch(r.promised_epoch, first + k, prev, epochs, payloads, blk)))

@@ -119,8 +119,12 @@ class WalStreams:
     def _alive(self, s: _Stream) -> bool:
         r = self.d.replica
         a = s.action
-        return (self._by_node.get(a.node) is s and self.d.bus.connected(a.node)
-                and r.role == Role.MASTER and r.promised_epoch == a.epoch)
+        return (
+            self._by_node.get(a.node) is s
+            and self.d.bus.connected(a.node)
+            and r.role == Role.MASTER
+            and r.promised_epoch == a.epoch
+        )
 
     def _read(self, s: _Stream) -> None:
         s.state = "read"
@@ -146,13 +150,17 @@ class WalStreams:
                 s.state = "write"
                 return
             j, size = i, 0
-            while j < n and int(versions[j]) <= a.last_version and (
-                    j == i or size + int(lengths[j]) + HEADER_BYTES <= chunk_bytes):
+            while (
+                j < n
+                and int(versions[j]) <= a.last_version
+                and (j == i or size + int(lengths[j]) + HEADER_BYTES <= chunk_bytes)
+            ):
                 size += int(lengths[j]) + HEADER_BYTES
                 j += 1
             start = int(offsets[i])
-            frame = _wire.encode_forward_frame(_FORWARD_BATCH, int(versions[i]), a.epoch, s.prev_epoch,
-                                               s.data[start:start + size])
+            frame = _wire.encode_forward_frame(
+                _FORWARD_BATCH, int(versions[i]), a.epoch, s.prev_epoch, s.data[start : start + size]
+            )
             bus.send(a.node, frame)
             bus.flush()
             d.counters["streamed_records"] += j - i
