@@ -292,7 +292,7 @@ class SyncInstance:
     # ================================================================== wiring
 
     def _wire(self, replica: Replica) -> None:
-        """Build the driver over the production ports (docs/design.md §10)."""
+        """Build the driver over the production ports (docs/design.md §9)."""
         cfg = self.cfg
         self._app = CallbackApp(self.cb, self.observers, log_prefix=self.log_prefix, ack=self.ack_forward,
                                 app_ack_required=replica.cfg.app_ack_required_effective)

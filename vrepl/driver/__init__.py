@@ -1,4 +1,4 @@
-"""vrepl.driver: the one place where a replica's actions are executed (docs/design.md §10).
+"""vrepl.driver: the one place where a replica's actions are executed (docs/design.md §9).
 
 Owns: `Driver` (driver.py), generic over its ports (ports.py: Bus, Storage, App, Restorer,
 Clock), with the in-band WAL stream (streaming.py) and the replica's side of a restore

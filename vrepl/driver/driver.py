@@ -5,7 +5,7 @@ Owns: `Driver`, which owns one `vrepl.replica.Replica`, feeds it events (`step`,
 (vrepl/driver/ports.py) and feeds their completions back as events. Production wires it to
 asyncio sockets, the WAL thread and the app's callbacks (vrepl/sync.py); the simulator to a
 simulated network, disk and app (vrepl/testing/sim/); scenario tests to a scripted network
-(tests/scenario/). docs/design.md §10 Where actions run.
+(tests/scenario/). docs/design.md §9 Where actions run.
 
 THE ORDERING CONTRACT (docs/design.md §1, vrepl/replica/actions.py), implemented here once:
 * the actions of one list run IN LIST ORDER; a persisting action (PersistPromisedEpoch,

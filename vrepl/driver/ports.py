@@ -1,6 +1,6 @@
 """The ports of the driver: what it needs from the world around the replica.
 
-Owns: the `typing.Protocol`s a `Driver` is generic over (docs/design.md §10 Where actions run)
+Owns: the `typing.Protocol`s a `Driver` is generic over (docs/design.md §9 Where actions run)
 and the contract each implementation keeps —
 
 * `Bus`: frames to the other replicas and to the arbitrator, connection resets, send-queue

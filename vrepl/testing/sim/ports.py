@@ -1,5 +1,5 @@
 """The simulator's side of the driver's ports: one node's Bus, Storage and App over the
-simulated world (docs/simulation.md §What is simulated, docs/design.md §10).
+simulated world (docs/simulation.md §What is simulated, docs/design.md §9).
 
 Owns: `SimPorts`, which a production `vrepl.driver.Driver` is wired to in the simulator —
 frames (the real wire codec's bytes, vrepl/transport/codec.py) go on the world's channels,
