@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 from vrepl.config import SyncConfig, sync_config_invalid
 from vrepl.driver import Driver, DriverOptions, batch_bounds
-from vrepl.errors import ConfigError, VreplError
+from vrepl.errors import ConfigError, FlowControlError, NotRunningError, ReconfigError
 from vrepl.instance.app import CallbackApp, SyncCallbacks, SyncObservers
-from vrepl.instance.intake import AppIntake, FlowControlError
+from vrepl.instance.intake import AppIntake
 from vrepl.replica import NO_NODE, AckStatus, AppRecover, ConfirmStatus, Replica, Role
 from vrepl.restore.config import RestoreConfig, restore_config_invalid
 from vrepl.restore.errors import RestoreError
@@ -39,6 +39,7 @@ from vrepl.restore.sessions import RestoreSessions
 from vrepl.transport.loop import IoLoop, TickTimer
 from vrepl.transport.peers import PeerLinks
 from vrepl.transport.storage import DiskState, LoopStorage
+from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.sync")
 core_log = logging.getLogger("vrepl.replica")
@@ -74,14 +75,6 @@ def _log_line(origin: str, level: int, text: str) -> None:
             core_log.log(level, text, extra={"event": core_event(text)})
     else:
         log.log(level, text)
-
-
-class NotRunningError(VreplError, RuntimeError):
-    """The sync instance is not started, was stopped, or failed (see the message)."""
-
-
-class ReconfigError(VreplError, NotImplementedError):
-    """reconfig() was asked for a change this version cannot make (it names which)."""
 
 
 class SyncInstance:
@@ -300,7 +293,7 @@ class SyncInstance:
         options = DriverOptions(max_batch_records=cfg.max_batch_records, max_batch_bytes=cfg.max_batch_bytes,
                                 stream_chunk_bytes=cfg.stream_chunk_bytes,
                                 restore_min_lag_versions=self.restore_cfg.min_lag_versions)
-        assert self._storage is not None
+        invariant(self._storage is not None, "self._storage is not None")
         driver = self.driver = Driver(replica, self._links, self._storage, self._app, options=options,
                                       on_log=_log_line)
         self._storage.target = driver
@@ -309,7 +302,7 @@ class SyncInstance:
 
     def _wire_restores(self) -> None:
         """The restore sessions need the node's limiter, known once the node server is."""
-        assert self._links is not None and self._links.nt is not None and self.driver is not None
+        invariant(self._links is not None and self._links.nt is not None and self.driver is not None, "self._links is not None and self._links.nt is not None and self.driver is not None")
         nt = self._links.nt
         if nt.restore_limiter is None:
             nt.restore_limiter = RestoreLimiter(self.restore_cfg.max_concurrent_restores)
@@ -346,7 +339,7 @@ class SyncInstance:
         )
 
     async def _start_in_loop(self) -> None:
-        assert self.loop is not None and self.driver is not None and self._links is not None
+        invariant(self.loop is not None and self.driver is not None and self._links is not None, "self.loop is not None and self.driver is not None and self._links is not None")
         await self._links.start(self.loop)
         self._wire_restores()
         self._state = "running"
@@ -449,7 +442,7 @@ class SyncInstance:
         return d.pending_forwards() if d is not None else 0
 
     def _step(self, event: object) -> None:
-        assert self.driver is not None
+        invariant(self.driver is not None, "self.driver is not None")
         self.driver.step(event)
         self.driver.end_batch()
 
@@ -471,7 +464,7 @@ class SyncInstance:
 
     def _stats_now(self) -> dict[str, Any]:
         d, links, app, storage = self.driver, self._links, self._app, self._storage
-        assert d is not None and links is not None and app is not None and storage is not None
+        invariant(d is not None and links is not None and app is not None and storage is not None, "d is not None and links is not None and app is not None and storage is not None")
         core = d.replica.stats()
         peers = core["peers"]
         for node, link in links.link_stats().items():

@@ -16,15 +16,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from vrepl.errors import VreplError
+from vrepl.errors import FlowControlError
 from vrepl.replica import AckStatus
 
 _monotonic = time.monotonic
-
-
-class FlowControlError(VreplError, BufferError):
-    """forward() refused: max_inflight_forwards forwards are queued or unconfirmed. The
-    version was not taken; forward it again later (notify_flow_control said so first)."""
 
 
 class AppIntake:

@@ -37,6 +37,7 @@ from vrepl.transport.handshake import (
     HandshakeError,
     ServerHandshake,
 )
+from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.transport")
 
@@ -154,7 +155,7 @@ class Connection(asyncio.BufferedProtocol):
         timeout_s = (self.owner.cfg.handshake_timeout_ms if self.owner else self.nt.handshake_timeout_ms) / 1000
         self._timer = self.loop.call_later(timeout_s, self._handshake_timeout, timeout_s)
         if self.is_client:
-            assert isinstance(self.hs, ClientHandshake)
+            invariant(isinstance(self.hs, ClientHandshake), "isinstance(self.hs, ClientHandshake)")
             self._write_now(self.hs.start())
         else:
             self.nt.pending_handshakes.add(self)
@@ -247,7 +248,7 @@ class Connection(asyncio.BufferedProtocol):
         if not self.is_client:
             self.nt.pending_handshakes.discard(self)
             hello = self.hs.hello  # type: ignore[union-attr]
-            assert hello is not None
+            invariant(hello is not None, "hello is not None")
             inst = self.nt.owners.get(hello.vgroup_id)
             if inst is None:  # stopped while we were shaking hands
                 raise HandshakeError(f"vg{hello.vgroup_id} stopped during the handshake", "hello_refused")
@@ -262,7 +263,7 @@ class Connection(asyncio.BufferedProtocol):
             self.frames = FrameBuffer(inst.cfg.max_frame_bytes)
             self.transport.set_write_buffer_limits(high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4)  # type: ignore[union-attr]
         self.authenticated = True
-        assert self.owner is not None
+        invariant(self.owner is not None, "self.owner is not None")
         self.owner.on_connection_ready(self)
 
     def _detach_when_flushed(self, inst: ConnectionOwner, hello: codec.Hello, tries: int) -> None:
@@ -291,7 +292,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_frames(self) -> None:
         inst = self.owner
-        assert inst is not None
+        invariant(inst is not None, "inst is not None")
         max_record = inst.cfg.record_max_bytes
         msgs = []
         frames = self.frames

@@ -25,6 +25,7 @@ from vrepl.replica import ArbitratorConnected, ArbitratorLost, PeerConnected, Pe
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.node import Connection, NodeTransport
+from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.sync")
 _monotonic = time.monotonic
@@ -114,7 +115,7 @@ class PeerLinks:
             self.nt.release(self)
 
     def _spawn(self, coro) -> None:
-        assert self.loop is not None
+        invariant(self.loop is not None, "self.loop is not None")
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -127,7 +128,7 @@ class PeerLinks:
 
     async def _connect_loop(self, node: int | None, host: str, port: int, kind: int) -> None:
         """Client side: connect, wait until the connection ends, retry every reconnect interval."""
-        assert self.loop is not None and self.nt is not None
+        invariant(self.loop is not None and self.nt is not None, "self.loop is not None and self.nt is not None")
         pause_s = self.cfg.reconnect_interval_ms / 1000.0
         what = "arbitrator" if kind == ConnKind.ARBITRATOR else f"n{node}"
         failures = 0
@@ -230,7 +231,7 @@ class PeerLinks:
             ev.end_batch()
             return
         node = conn.peer_node
-        assert node is not None
+        invariant(node is not None, "node is not None")
         old = self.conns.get(node)
         if old is not None and old is not conn:
             old.abort("replaced by a newer connection from the same peer")

@@ -33,6 +33,7 @@ import numpy as np
 from vrepl import wal as _wal
 from vrepl._core import crc32c as _crc
 from vrepl.errors import VreplError, WalError
+from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.storage")
 
@@ -307,7 +308,7 @@ class WalStore:
                     blocks.append(jobs[i][3])
                     i += 1
                 block = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-                assert self._writer is not None
+                invariant(self._writer is not None, "self._writer is not None")
                 # One write and one fdatasync for everything queued (group commit).
                 observe = self._on_group_commit
                 began = time.perf_counter() if observe is not None else 0.0
@@ -319,7 +320,7 @@ class WalStore:
                 continue
             if job[0] == "truncate":
                 version = job[1]
-                assert self._writer is not None
+                invariant(self._writer is not None, "self._writer is not None")
                 # Report durability of everything written before the cut first (the core
                 # expects every WalPersisted of earlier appends before TruncateDone).
                 self._writer.sync()
@@ -331,14 +332,14 @@ class WalStore:
             elif job[0] == "reset":
                 self._reset(job[1], job[2])
             elif job[0] == "recycle":
-                assert self._writer is not None
+                invariant(self._writer is not None, "self._writer is not None")
                 removed = self._writer.recycle(job[1])
                 if removed:
                     log.info("wal %s: recycled %d files below v%d", self.wal_dir, len(removed), job[1])
             i += 1
 
     def _reset(self, base_version: int, base_epoch: int) -> None:
-        assert self._writer is not None
+        invariant(self._writer is not None, "self._writer is not None")
         self._writer.close()
         for name in os.listdir(self.wal_dir):
             if name.endswith(".wal") or name.endswith(".idx"):

@@ -30,9 +30,9 @@ import heapq
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
-from vrepl.driver import Driver
+from vrepl.driver import Driver, DriverOptions
 from vrepl.replica import (
     AppAcked,
     AppForward,
@@ -62,6 +62,7 @@ from vrepl.testing.records import encode_block
 from vrepl.testing.sim.checker import History, SafetyViolation
 from vrepl.testing.sim.options import UNITS_PER_TICK, SimOptions
 from vrepl.testing.sim.ports import Channel, Conn, SimError, SimNode, SimPorts, torn_recovery
+from vrepl.testing.sim.restore import RestoreSession, SessionRunner, SimRestorer
 from vrepl.transport import codec
 
 VGROUP = 7
@@ -159,6 +160,7 @@ class World:
             self.nodes[node] = sn
         self.phase = "safety"
         self.heal_time = 0
+        self.restores = SessionRunner(self)
 
     # ================================================================== config and start
 
@@ -199,7 +201,10 @@ class World:
             if origin == "replica" and level >= LogLevel.ERROR and CUTS_COMMITTED_RECORDS in text:
                 self.history.on_committed_cut_refused(sn.node, text)  # the core's refusal, still a bug
 
-        sn.driver = Driver(sn.replica, ports, ports, ports, on_action=on_action, on_log=on_log)
+        restorer = SimRestorer(self.restores, sn) if self.opts.restore else None
+        options = DriverOptions(restore_min_lag_versions=self.opts.restore_min_lag_versions)
+        sn.driver = Driver(sn.replica, ports, ports, ports, restorer=restorer, options=options,
+                           on_action=on_action, on_log=on_log)
         sn.durable = len(sn.wal)
         self._app_recover(sn)
         sn.local = Channel("local", sn.node, sn.node, sn.inc)
@@ -233,6 +238,8 @@ class World:
                 self._on_storage(*arg)
             elif kind == "app":
                 self._on_app(*arg)
+            elif kind == "restore":
+                self.restores.step(arg)
         self.now = max(self.now, end_time)
 
     def run_ticks(self, ticks: int) -> None:
@@ -478,27 +485,69 @@ class World:
             self.trace.append(line)
         self._hash.update(line.encode())
 
-    def _drive(self, sn: SimNode, what: str, call: Callable[..., object], *args: object) -> None:
-        """One call into `sn`'s driver (an event, a tick, frames, a completion), which runs the
-        actions it leads to; then the batch ends. A crash armed for this node lands before one
-        of those actions (the driver's hook raises _Crash) or after the last."""
+    def _drive(self, sn: SimNode, what: str, call: Callable[..., Any], *args: Any) -> Any:
+        """One call into `sn`'s driver (an event, a tick, frames, a completion, a restore
+        session's question), which runs the actions it leads to; then the batch ends. Returns
+        what the call returns (None when the process crashed). A crash armed for this node
+        lands before one of those actions (the driver's hook raises _Crash) or after the last."""
         if not sn.up:
-            return
+            return None
         self.stats.events += 1
         self._trace(f"n{sn.node} <- {what}")
         sn.actions_seen = 0
         try:
-            call(*args)
+            result = call(*args)
             sn.driver.end_batch()  # type: ignore[union-attr]
         except _Crash:
             self.crash(sn.node, mid_step=True)
-            return
+            return None
         except InvariantViolation as exc:
             raise InvariantViolation(f"n{sn.node} on {what}: {exc}") from exc
         if sn.crash_now or (sn.crash_armed and sn.actions_seen):
             self.crash(sn.node, mid_step=True)
-            return
+            return None
         self._check_node(sn)
+        return result
+
+    call_driver = _drive  # the restore sessions' way in (vrepl/testing/sim/restore.py)
+
+    # ------------------------------------------------------------------ restore sessions
+
+    def session_alive(self, s: RestoreSession) -> str | None:
+        """Why session `s` is dead, or None: a side crashed, its connection was cut."""
+        m, f = self.nodes[s.master], self.nodes[s.follower]
+        if not m.up or m.inc != s.master_inc:
+            return f"n{s.master} (the master) went down"
+        if not f.up or f.inc != s.follower_inc:
+            return f"n{s.follower} (the follower) went down"
+        conn = self.conns.get(self._pair(s.master, s.follower))
+        if conn is None or conn.gen != s.gen:
+            return "the connection between them is gone"
+        if self.faults_on and self.opts.restore_cut_rate and self.rng.random() < self.opts.restore_cut_rate:
+            self.stats.conn_losses += 1
+            return "the sync connection was cut"
+        return None
+
+    def session_blocked(self, s: RestoreSession) -> bool:
+        m, f = self.nodes[s.master], self.nodes[s.follower]
+        return ((s.master, s.follower) in self.blocked or (s.follower, s.master) in self.blocked
+                or m.paused or f.paused)
+
+    def schedule_session(self, s: RestoreSession, delay: int) -> None:
+        self._push(self.now + delay, "restore", s)
+
+    def latency(self, src: int, dst: int) -> int:
+        return self._latency(src, dst)
+
+    def chunk_records(self) -> int:
+        return self.rng.randint(1, 8)
+
+    def note(self, text: str) -> None:
+        self._trace(text)
+
+    def conn_gen(self, a: int, b: int) -> int:
+        conn = self.conns.get(self._pair(a, b))
+        return conn.gen if conn is not None else -1
 
     def _event(self, sn: SimNode, event) -> None:
         if sn.up:
