@@ -30,6 +30,11 @@ class SimError(AssertionError):
     the replica's use of its actions, or in the simulator)."""
 
 
+VGROUP = 7  # the simulated vgroup's id
+ARB = -1  # the arbitrator's "node id" in link keys
+TICK_MS = 100  # a tick's length in the replicas' config (the arbitrator's lease_ms is in it)
+
+
 @dataclass(slots=True)
 class Channel:
     """One FIFO stream of deliveries to one destination: (ready_time, item) in order."""
