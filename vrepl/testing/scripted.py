@@ -39,18 +39,10 @@ from vrepl.replica import (
     TruncateDone,
     WalPersisted,
 )
-from vrepl.replica.history import EpochHistory
-from vrepl.testing.records import decode_block, encode_block
+from vrepl.testing.records import decode_block, encode_block, history_of
 from vrepl.transport import codec
 
 VGROUP = 7
-
-
-def history_of(wal: list[Record]) -> tuple[tuple[int, int], ...]:
-    h = EpochHistory()
-    for rec in wal:
-        h.note_append(rec.epoch, rec.version)
-    return h.pairs()
 
 
 @dataclass

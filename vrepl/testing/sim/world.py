@@ -50,9 +50,8 @@ from vrepl.replica import (
     TruncateDone,
     WalPersisted,
 )
-from vrepl.replica.history import EpochHistory
 from vrepl.replica.messages import NO_NODE
-from vrepl.testing.records import encode_block
+from vrepl.testing.records import encode_block, history_of
 from vrepl.testing.sim.checker import History, SafetyViolation
 from vrepl.testing.sim.disk import SimDiskAndApp
 from vrepl.testing.sim.faults import SimFaults
@@ -70,13 +69,6 @@ class LivenessFailure(AssertionError):
 
 class _Crash(Exception):
     """Raised from the driver's action hook: the process dies before this action runs."""
-
-
-def history_pairs(wal: list[Record]) -> tuple[tuple[int, int], ...]:
-    h = EpochHistory()
-    for rec in wal:
-        h.note_append(rec.epoch, rec.version)
-    return h.pairs()
 
 
 @dataclass
@@ -166,7 +158,7 @@ class World(SimNetwork, SimDiskAndApp, SimFaults):
             quorum=self.opts.quorum,
             last_version=last.version if last else 0,
             last_epoch=last.epoch if last else 0,
-            epoch_history=history_pairs(sn.wal),
+            epoch_history=history_of(sn.wal),
             promised_epoch=sn.promise[0],
             promised_master=sn.promise[1],
             arbitrator=self.arb_used,
