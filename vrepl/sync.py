@@ -120,8 +120,8 @@ class SyncInstance:
         storage = self._storage = LoopStorage(
             cfg.data_path, post=self._post, fail=self._fail,
             run_in_executor=lambda fn, *args: self.loop.run_in_executor(None, fn, *args),  # type: ignore[union-attr]
-            inline_sync_max_bytes=cfg.wal_inline_sync_max_bytes, max_record_bytes=cfg.record_max_bytes,
-            max_file_bytes=cfg.wal_max_file_bytes, on_group_commit=self.observers.wal_fsync_s,
+            inline_sync_max_bytes=cfg.max_wal_inline_sync_bytes, max_record_bytes=cfg.max_record_bytes,
+            max_file_bytes=cfg.max_wal_file_bytes, on_group_commit=self.observers.wal_fsync_s,
             name=f"vrepl-wal-vg{cfg.vgroup_id}")
         os.makedirs(cfg.data_path, exist_ok=True)
         try:

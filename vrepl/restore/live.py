@@ -138,7 +138,7 @@ class SenderSession:
                                        daemon=True)
         self.data_path = owner.cfg.data_path
         self.wal_dir = f"{owner.cfg.data_path}/wal"
-        self.max_record_bytes = owner.cfg.record_max_bytes
+        self.max_record_bytes = owner.cfg.max_record_bytes
 
     # -- Source (see vrepl/restore/sender.py) -----------------------------------------------------
 
@@ -424,7 +424,7 @@ class ReceiverSession:
             owner.counters["receiver_sessions"] += 1
             log.info("%s: begins", self.name, extra={"event": "restore_start", "side": "receiver"})
             self.receiver = Receiver(self, magic_of=owner.cb.file_magic, fsync=rc.fsync, max_file_bytes=rc.max_file_bytes,
-                                     max_record_bytes=owner.cfg.record_max_bytes, name=self.name)
+                                     max_record_bytes=owner.cfg.max_record_bytes, name=self.name)
             last = self.receiver.run(self.stream)
             st = self.receiver.stats
             owner.counters["receiver_ok"] += 1

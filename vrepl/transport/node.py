@@ -293,7 +293,7 @@ class Connection(asyncio.BufferedProtocol):
     def _on_frames(self) -> None:
         inst = self.owner
         invariant(inst is not None, "inst is not None")
-        max_record = inst.cfg.record_max_bytes
+        max_record = inst.cfg.max_record_bytes
         msgs = []
         frames = self.frames
         while True:
@@ -333,10 +333,10 @@ class Connection(asyncio.BufferedProtocol):
         self.transport.write(data)
         self.bytes_sent += len(data)
         self.frames_sent += len(out)
-        limit = self.owner.cfg.send_queue_max_bytes if self.owner else 1 << 24
+        limit = self.owner.cfg.max_send_queue_bytes if self.owner else 1 << 24
         queued = self.transport.get_write_buffer_size()
         if queued > limit:
-            self.abort(f"send queue holds {queued} bytes, above send_queue_max_bytes {limit}: peer too slow", logging.WARNING)
+            self.abort(f"send queue holds {queued} bytes, above max_send_queue_bytes {limit}: peer too slow", logging.WARNING)
 
     async def writable(self) -> None:
         """Wait until the send queue is below its low-water mark (or the connection closed)."""

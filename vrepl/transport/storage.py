@@ -438,6 +438,6 @@ class LoopStorage:
     def end_batch(self) -> None:
         """Light load: make this batch's appends durable right here, the frames being on
         their way already, so the fdatasync overlaps the followers' work
-        (wal_inline_sync_max_bytes, docs/embedding.md §Storage)."""
+        (max_wal_inline_sync_bytes, docs/embedding.md §Storage)."""
         if self.inline_sync_max_bytes:
             self.store.run_inline(self.inline_sync_max_bytes)
