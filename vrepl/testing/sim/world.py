@@ -93,6 +93,9 @@ class Stats:
     events: int = 0
     flushes: int = 0  # app flushes that archived something
     archived: int = 0  # rows archived (summed over flushes)
+    restores: int = 0  # restore sessions started (docs/simulation.md §Restore)
+    restores_ok: int = 0
+    restores_failed: int = 0
 
 
 class World(SimNetwork, SimDiskAndApp, SimFaults):
