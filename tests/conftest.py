@@ -7,6 +7,10 @@ there. At the end of the session the check below fails, naming the entries, if a
 but pytest's own `pytest-of-<user>` (tmp_path) is left in it; after a session without
 failures the whole directory is removed. After a failed session pytest-of-<user> stays for
 inspection (the path is printed), as pytest keeps tmp_path after failures.
+
+It also marks as `slow` every test of the directories that start clusters of processes, Spark
+or long fault runs (SLOW_DIRS), so `python3 -m pytest -m "not slow"` is the inner loop the
+README describes; single tests that take seconds elsewhere carry `@pytest.mark.slow` themselves.
 """
 from __future__ import annotations
 
@@ -17,6 +21,17 @@ import tempfile
 import pytest
 
 _state: dict[str, object] = {}
+
+# Directories whose tests start `vrepl node` clusters, Spark, or chaos and fuzz campaigns.
+SLOW_DIRS = frozenset({"chaos", "integration", "spark", "fuzz"})
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS_DIR)
+        if rel.split(os.sep, 1)[0] in SLOW_DIRS:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config: pytest.Config) -> None:

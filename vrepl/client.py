@@ -17,16 +17,22 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import socket
 import ssl
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from vrepl.errors import (BadRequestError, ClientError, ConfigError, NotWrittenError,
-                          OutcomeUnknownError, UnauthorizedError)
+from vrepl.errors import (
+    BadRequestError,
+    ClientError,
+    ConfigError,
+    NotWrittenError,
+    OutcomeUnknownError,
+    UnauthorizedError,
+)
 
 # A bearer token: visible ASCII without spaces, so it travels in a header as it is.
 TOKEN_MAX_BYTES = 4096
@@ -127,7 +133,8 @@ class _Conn:
         self.sock = sock
         self.buf = bytearray()
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+    def request(self, method: str, path: str, body: bytes | None = None,
+                content_type: bytes = b"application/json") -> tuple[int, dict]:
         if self.sock is None:
             self.connect()
         try:
@@ -135,9 +142,10 @@ class _Conn:
                 msg = b"%s %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (
                     method.encode(), path.encode(), self._head_lines)
             else:
-                msg = (b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                msg = (b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (method.encode(), path.encode(),
-                                                          self._head_lines, len(body), body))
+                                                          self._head_lines, content_type,
+                                                          len(body), body))
             self.sock.sendall(msg)  # type: ignore[union-attr]
             status, close, data = self._response()
             if close:
@@ -199,11 +207,92 @@ class _Conn:
                 self.buf = bytearray()
 
 
+ARROW_CONTENT_TYPE = b"application/vnd.apache.arrow.stream"
+# Below this many rows JSON costs less than Arrow at both ends (building and reading an IPC
+# stream has a fixed cost of tens of µs; docs/perf.md §13.3): write() sends them as JSON.
+BINARY_MIN_ROWS = 64
+JSON_CONTENT_TYPE = b"application/json"
+_ARROW_TYPES = {bool: "bool", int: "int64", float: "float64", str: "string"}
+
+
+def rows_to_arrow(rows: Sequence[Sequence[Any]]) -> bytes | None:
+    """The Arrow IPC stream of rows [table, ts, {column: value}] (docs/client-api.md §Binary
+    writes: one table in the `vrepl.table` metadata, else a dictionary `_table` column; a
+    column absent from a row is null there), or None when the rows do not map one to one
+    (a column mixing value types, a non-int ts, a row without values, anything unexpected):
+    the caller then sends them as JSON, and the node's answer explains what is wrong."""
+    import pyarrow as pa
+    try:
+        if not rows:
+            return None
+        tables = [r[0] for r in rows]
+        ts = [r[1] for r in rows]
+        values = [r[2] for r in rows]
+        if any(len(r) != 3 for r in rows) or {type(t) for t in ts} != {int} \
+                or {type(t) for t in tables} != {str} or not all(values):
+            return None
+        names: dict[str, None] = {}
+        for v in values:
+            names.update(dict.fromkeys(v))
+        arrays, fields = [], []
+        for name in names:
+            col = [v.get(name) for v in values]
+            kinds = {type(x) for x in col}
+            kinds.discard(type(None))
+            if len(kinds) > 1 or type(name) is not str:
+                return None
+            typ = _ARROW_TYPES.get(kinds.pop()) if kinds else "null"
+            if typ is None:
+                return None
+            arrays.append(pa.array(col, typ))
+            fields.append(name)
+        first = tables[0]
+        metadata = None
+        if tables.count(first) == len(tables):
+            metadata = {"vrepl.table": first}
+        else:
+            arrays.insert(0, pa.array(tables, pa.string()).dictionary_encode())
+            fields.insert(0, "_table")
+        arrays.insert(0, pa.array(ts, pa.int64()))
+        fields.insert(0, "ts")
+        return arrow_stream(pa.record_batch(arrays, names=fields, metadata=metadata))
+    except (pa.ArrowException, OverflowError, TypeError, ValueError, AttributeError,
+            KeyError, IndexError):
+        return None
+
+
+ARROW_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def arrow_stream(data: Any) -> bytes:
+    """The IPC stream bytes of a pyarrow RecordBatch or Table (uncompressed)."""
+    import pyarrow as pa
+    if isinstance(data, pa.RecordBatch) and not any(pa.types.is_dictionary(t)
+                                                    for t in data.schema.types):
+        # schema message + record batch message + end of stream: what the stream writer
+        # writes for one batch without dictionaries, for a fraction of its cost
+        return (data.schema.serialize().to_pybytes() + data.serialize().to_pybytes()
+                + ARROW_END_OF_STREAM)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as w:
+        w.write(data)
+    return sink.getvalue().to_pybytes()
+
+
 def _refused(endpoint: str, code: int, doc: dict) -> BadRequestError:
     """The error for a 4xx answer (not 409 not_master): UnauthorizedError for a 401."""
     if code == 401:
         return UnauthorizedError(code, doc.get("code", ""), f"{endpoint}: {doc.get('error', '')}")
     return BadRequestError(code, doc.get("code", ""), doc.get("error", ""))
+
+
+def _arrow_refused(code: int, doc: dict) -> bool:
+    """Whether an answer says the node does not read Arrow bodies: 415, or the 400 of a node
+    that parsed the stream as JSON (one from before binary writes)."""
+    if code == 415:
+        return True
+    reason = str(doc.get("error", ""))
+    return code == 400 and reason.startswith(("body is not UTF-8", "body is not JSON"))
 
 
 class Client:
@@ -213,8 +302,11 @@ class Client:
     def __init__(self, nodes: Sequence[str] | str, *, timeout_s: float = 10.0,
                  request_timeout_s: float = 15.0, retry_pause_s: float = 0.05,
                  token: str | None = None, tls: bool | ssl.SSLContext = False,
-                 cafile: str | None = None, verify: bool = True) -> None:
+                 cafile: str | None = None, verify: bool = True, binary: bool = True) -> None:
         """`token`: sent as `Authorization: Bearer <token>` (the nodes' http.token_file).
+        `binary`: write rows as an Arrow IPC stream (docs/client-api.md §Binary writes),
+        falling back to JSON for a node that does not take it (415) and for rows that do
+        not map to Arrow one to one; False: always JSON.
         HTTPS when `tls` is True (or an ssl.SSLContext, used as it is) or `cafile` is given:
         the nodes' certificates are checked against `cafile` (PEM; default: the system's
         CAs) and must name the address dialled; `verify=False` checks nothing (tests only)."""
@@ -241,6 +333,8 @@ class Client:
         else:
             self.ssl_context = None
         self._extra_headers = (b"\r\nAuthorization: Bearer " + token.encode()) if token else b""
+        self.binary = binary
+        self._json_only: set[str] = set()           # nodes that refused Arrow bodies (415)
         self._conns: dict[str, _Conn] = {}
         self._master: dict[int, str] = {}           # vgroup -> master's http endpoint
         self.last_error: str | None = None          # why find_master last failed to reach a node
@@ -341,12 +435,32 @@ class Client:
     def write(self, vgroup: int, rows: Iterable[Sequence[Any]] | bytes,
               request_id: str | None = None) -> WriteResult:
         """Write a batch of rows ([table, ts, {column: value}], or their JSON bytes) and return
-        its version once a quorum confirmed it. Follows the master; retries with the same
-        request id. Raises BadRequestError (refused: nothing written), NotWrittenError (no
-        master took it) or OutcomeUnknownError (retry later with e.request_id)."""
-        body = rows if isinstance(rows, bytes) else json.dumps(
-            list(rows), separators=(",", ":"), allow_nan=False).encode()
-        rid = request_id or uuid.uuid4().hex
+        its version once a quorum confirmed it. Rows go as an Arrow IPC stream when the
+        client is `binary` (the default), they are BINARY_MIN_ROWS or more and they map to
+        one, else as JSON. Follows the
+        master; retries with the same request id. Raises BadRequestError (refused: nothing
+        written), NotWrittenError (no master took it) or OutcomeUnknownError (retry later
+        with e.request_id)."""
+        if isinstance(rows, bytes):
+            return self._write(vgroup, None, lambda: rows, request_id)  # type: ignore[arg-type,return-value]
+        rows = rows if isinstance(rows, list) else list(rows)
+        arrow = rows_to_arrow(rows) if self.binary and len(rows) >= BINARY_MIN_ROWS else None
+        return self._write(vgroup, arrow, lambda: json.dumps(
+            rows, separators=(",", ":"), allow_nan=False).encode(), request_id)
+
+    def write_arrow(self, vgroup: int, data: Any, request_id: str | None = None) -> WriteResult:
+        """write() for columnar data: a pyarrow RecordBatch or Table, or the bytes of an Arrow
+        IPC stream, following docs/client-api.md §Binary writes. A node that does not take
+        Arrow bodies (415) raises BadRequestError: there is no JSON form to fall back to."""
+        body = data if isinstance(data, bytes) else arrow_stream(data)
+        return self._write(vgroup, body, None, request_id)
+
+    def _write(self, vgroup: int, arrow: bytes | None, json_body: Any,
+               request_id: str | None) -> WriteResult:
+        """One write until its outcome: `arrow` (an IPC stream, or None) is sent to nodes that
+        take it, else `json_body()` (None: none)."""
+        body: bytes | None = None
+        rid = request_id or os.urandom(16).hex()
         path = f"/v1/vgroups/{vgroup}/write?request_id={rid}"
         deadline = time.monotonic() + self.timeout_s
         unknown: str | None = None     # the last reason the outcome was unknown
@@ -365,7 +479,15 @@ class Client:
                     if conn.sock is None:      # connect first: a refused connect sent nothing
                         code, doc = conn.request("GET", "/v1/status")
                     sent = True
-                    code, doc = conn.request("POST", path, body)
+                    if arrow is not None and (ep not in self._json_only or json_body is None):
+                        code, doc = conn.request("POST", path, arrow, ARROW_CONTENT_TYPE)
+                        if json_body is not None and _arrow_refused(code, doc):
+                            self._json_only.add(ep)      # an older node: JSON from now on
+                            code, doc = conn.request("POST", path, body or json_body(),
+                                                     JSON_CONTENT_TYPE)
+                    else:
+                        body = body or json_body()
+                        code, doc = conn.request("POST", path, body)
                 except (OSError, http.client.HTTPException) as exc:
                     self._master.pop(vgroup, None)
                     last = f"{ep}: {type(exc).__name__}: {exc}"

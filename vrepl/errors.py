@@ -195,6 +195,11 @@ class ApplyError(VnodeError, ValueError):
     """A decoded batch that cannot be applied (its types conflict with the table schema)."""
 
 
+class StreamRefused(VnodeError, ValueError):
+    """A write body (an Arrow IPC stream) refused while it is read: the one-line reason
+    goes back to the client, nothing of it is written (vrepl/vnode/ingest.py)."""
+
+
 class ArchiveError(VnodeError, OSError):
     """An archived file or the manifest cannot be used as it is; names the file."""
 

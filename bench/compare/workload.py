@@ -175,11 +175,15 @@ async def run_client_coroutines(write_batch, spec) -> dict:
     return finish_throughput(list(results), spec)
 
 
-def _client_main(factory, spec, client_id, start_at, queue) -> None:
+def _client_main(factory, spec, client_id, start_at, queue, ready) -> None:
     try:
         client = factory()
         try:
-            result = throughput_loop(client, spec, client_id, start_at)
+            # Every client is built (its imports done: pyarrow's take a second of wall time
+            # when 8 interpreters start at once on a loaded machine) before any of them
+            # writes, so no client's start-up runs inside the others' warm-up or window.
+            ready.wait(timeout=120)
+            result = throughput_loop(client, spec, client_id, max(start_at, time.time()))
         finally:
             client.close()
         queue.put(("ok", result))
@@ -188,12 +192,14 @@ def _client_main(factory, spec, client_id, start_at, queue) -> None:
 
 
 def run_client_processes(factory, spec, start_delay_s: float = 1.5) -> dict:
-    """One process per client, all starting at the same wall-clock instant; returns the
-    summary of stats.summarize_throughput plus per-client figures."""
+    """One process per client, all starting at the same wall-clock instant (`start_delay_s`
+    + 0.1 s per client from now, or when the last client is built if that is later);
+    returns the summary of stats.summarize_throughput plus per-client figures."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    ready = ctx.Barrier(spec.clients)
     start_at = time.time() + start_delay_s + 0.1 * spec.clients
-    procs = [ctx.Process(target=_client_main, args=(factory, spec, i, start_at, queue),
+    procs = [ctx.Process(target=_client_main, args=(factory, spec, i, start_at, queue, ready),
                          daemon=True, name=f"bench-client-{i}")
              for i in range(spec.clients)]
     for p in procs:

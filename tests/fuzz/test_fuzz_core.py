@@ -76,6 +76,18 @@ def test_fuzz_handshake(data):
     fuzz_targets.target_handshake(data)
 
 
+@SETTINGS
+@given(inputs)
+def test_fuzz_line_protocol(data):
+    fuzz_targets.target_line_protocol(data)
+
+
+@SETTINGS
+@given(inputs)
+def test_fuzz_arrow_stream(data):
+    fuzz_targets.target_arrow_stream(data)
+
+
 def test_handshake_target_would_catch_an_accepting_server(monkeypatch):
     """If the server accepted a wrong proof, the handshake target fails."""
     import hmac

@@ -78,6 +78,7 @@ def test_node_truncating_its_wal_must_not_become_master():
     w.run_liveness()
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 def test_a_replica_never_starts_without_the_epoch_history_of_its_wal():
     """Finding 3 (fixed by removal): `EpochHistory.conservative` described a WAL whose epoch
     history was not known as one epoch; a follower restarted so answered a TruncateRequest

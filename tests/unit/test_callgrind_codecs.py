@@ -53,6 +53,7 @@ def test_bad_arguments_are_refused():
     assert proc.returncode == 2 and "--records must be" in proc.stderr
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 def test_callgrind_profile_attributes_instructions_to_the_codecs():
     # The program total also moves with other threads (numpy's OpenBLAS pool spins under

@@ -137,7 +137,7 @@ def test_report_ratios_are_vrepl_over_peer_in_the_same_mode():
     lat = _row(md, "fsync per write / batch", "redis", "200 µs")
     assert "| 0.50x / 0.50x | n/a / n/a | n/a / n/a |" in lat
     thr = _row(md, "fsync per write / batch", "redis", "200,000")
-    assert thr.endswith("| 4.00x | n/a | n/a |")
+    assert thr.endswith("| 4.00x | n/a | n/a | n/a | n/a |")
 
 
 def test_report_has_a_ratio_column_per_vrepl_shape():
@@ -151,9 +151,10 @@ def test_report_has_a_ratio_column_per_vrepl_shape():
     md = report.render_markdown(res)
     header = next(line for line in md.splitlines()
                   if line.startswith("| fsync | system | writes/s"))
-    assert header.endswith("| vrepl-client / peer | vrepl-lib / peer | vrepl-lib-1rec / peer |")
+    assert header.endswith("| vrepl-client / peer | vrepl-client-arrow / peer"
+                           " | vrepl-client-lp / peer | vrepl-lib / peer | vrepl-lib-1rec / peer |")
     thr = _row(md, "fsync per write / batch", "redis", "200,000")
-    assert thr.endswith("| 4.00x | n/a | 6.00x |")
+    assert thr.endswith("| 4.00x | n/a | n/a | n/a | 6.00x |")
 
 
 def test_packed_writes_round_trip_and_reject_truncation():
@@ -201,9 +202,10 @@ def test_smoke_redis_run_measures_and_leaves_nothing(tmp_path):
 def test_vrepl_drivers_are_plugged_in_first():
     from bench.compare.run import all_drivers
     names = [d.name for d in all_drivers()]
-    assert names[:4] == ["vrepl-client", "vrepl-lib", "vrepl-lib-1rec", "vrepl-lib-threads"]
-    assert all(d.is_vrepl for d in all_drivers()[:4])
-    assert not any(d.is_vrepl for d in all_drivers()[4:])
+    assert names[:6] == ["vrepl-client", "vrepl-client-arrow", "vrepl-client-lp", "vrepl-lib",
+                         "vrepl-lib-1rec", "vrepl-lib-threads"]
+    assert all(d.is_vrepl for d in all_drivers()[:6])
+    assert not any(d.is_vrepl for d in all_drivers()[6:])
 
 
 def test_vrepl_client_rows_carry_the_key_as_table_and_ts():
@@ -218,6 +220,7 @@ def test_vrepl_client_rows_carry_the_key_as_table_and_ts():
     assert "group commit" in _fsync_setting(True).description
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 @pytest.mark.timeout(200)
 def test_smoke_vrepl_drivers_measure_and_leave_nothing(tmp_path):
     out = tmp_path / "v.json"

@@ -38,16 +38,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # __init__, its version; every other module of vrepl must be placed on purpose).
 EXACT = {"vrepl"}
 
-# Known violations. The `driver` branch of issue 15 removed the sync/transport/restore ones:
-# transport and live restore reach the sync instance only through declared interfaces
-# (ConnectionOwner, RestoreHost), and vrepl/node/vgroup.py reads the replica's state through
-# the facade. What is left: the role objects (`roles` branch) import `Replica` under
-# TYPE_CHECKING for their annotations, while replica.py imports them. Nothing may be added.
+# Known violations: none. The `driver` branch of issue 15 removed the sync/transport/restore
+# ones (transport and live restore reach the sync instance only through declared interfaces,
+# ConnectionOwner and RestoreHost; vrepl/node/vgroup.py reads the replica's state through the
+# facade), the `roles` branch the replica package's (role objects typed against
+# host.ReplicaHost). Nothing may be added.
 ALLOWED_UPWARD: set[tuple[str, str]] = set()
-ALLOWED_CYCLES: list[set[str]] = [
-    {"vrepl.replica.replica", "vrepl.replica.role", "vrepl.replica.master", "vrepl.replica.follower",
-     "vrepl.replica.electing", "vrepl.replica.arbitration"},
-]
+ALLOWED_CYCLES: list[set[str]] = []
 
 
 def module_files() -> dict[str, Path]:

@@ -109,6 +109,7 @@ def _norm(v):
     return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies(), schemas=st.sampled_from(SCHEMA_CHOICES), limits=st.booleans(),
        table_count=st.sampled_from([None, 0, 5]))
@@ -184,6 +185,7 @@ def batches(draw):
     return types, out
 
 
+@pytest.mark.slow  # seconds of CPU: outside the `-m "not slow"` loop
 @settings(max_examples=300, deadline=None)
 @given(data=batches(), via_json=st.booleans(), ranges=st.lists(
     st.tuples(st.integers(-8, 35), st.integers(-8, 35)), min_size=1, max_size=4))

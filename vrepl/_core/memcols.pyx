@@ -969,3 +969,7 @@ def parse_batch(object body, object schemas, bint limits, long long ts_lo, long 
     st.rows = nrows
     st.nbytes = total
     return st
+
+
+include "lineproto.pxi"
+include "arrowin.pxi"

@@ -78,6 +78,7 @@ class HttpSettings:
     write_timeout_ms: int = 10_000
     max_query_rows: int = 100_000
     max_pending_writes: int = 10_000        # per vgroup: writes waiting for confirmation
+    max_line_bytes: int = 65_536            # one line of InfluxDB line protocol
     token: bytes | None = field(default=None, repr=False)   # read from token_file
 
     @property

@@ -16,6 +16,7 @@ request refused before it was parsed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import logging
@@ -32,10 +33,10 @@ from vrepl.untrusted import printable
 
 log = logging.getLogger("vrepl.node.http")
 
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
            405: "Method Not Allowed",
            408: "Request Timeout", 409: "Conflict", 411: "Length Required",
-           413: "Content Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
+           413: "Content Too Large", 414: "URI Too Long", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
            504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
 
@@ -68,8 +69,13 @@ def error(status: int, code: str, reason: str, **extra: Any) -> Response:
 Handler = Callable[[Request], "Response | Awaitable[Response]"]
 
 
+# One encoder for every answer: json.dumps with non-default arguments builds a new
+# JSONEncoder (Python code) per call, a measurable share of a small write's cost.
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_response(resp: Response, keep_alive: bool) -> bytes:
-    body = json.dumps(resp.body, separators=(",", ":")).encode() if resp.raw is None else resp.raw
+    body = _JSON.encode(resp.body).encode() if resp.raw is None else resp.raw
     conn = b"keep-alive" if keep_alive and not resp.close else b"close"
     extra = (b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in resp.headers)
              if resp.headers else b"")
@@ -91,15 +97,36 @@ AUTH_CHALLENGE = 'Bearer realm="vrepl"'
 HTTP_VERSION_RE = re.compile(r"HTTP/[0-9](?:\.[0-9])?")
 
 
-def bearer_token_invalid(headers: dict[str, str], token: bytes) -> str | None:
-    """Why the request's `Authorization: Bearer <token>` does not prove `token` ("missing" or
-    "wrong"), or None. Constant-time in the token (hmac.compare_digest)."""
+# Paths of InfluxDB's v1 API (docs/client-api.md §InfluxDB line protocol): their clients
+# send the token as a password, in HTTP Basic auth or the `p` query parameter.
+INFLUX_V1_PATHS = ("/write", "/ping")
+
+
+def bearer_token_invalid(headers: dict[str, str], token: bytes, target: str = "") -> str | None:
+    """Why the request does not prove `token` ("missing" or "wrong"), or None: `Authorization:
+    Bearer <token>` (or `Token <token>`, InfluxDB v2's scheme), and on InfluxDB v1 paths
+    also HTTP Basic auth or `?p=` with the token as the password (any user name).
+    Constant-time in the token (hmac.compare_digest)."""
     value = headers.get("authorization")
+    path, _, qs = target.partition("?")
+    v1 = path in INFLUX_V1_PATHS
     if value is None:
+        if v1 and qs:
+            password = dict(parse_qsl(qs, keep_blank_values=True)).get("p")
+            if password is not None:
+                return None if hmac.compare_digest(password.encode("utf-8", "replace"),
+                                                   token) else "wrong"
         return "missing"
     scheme, _, cred = value.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(cred.strip().encode("latin-1"),
-                                                             token):
+    scheme = scheme.lower()
+    if scheme == "basic" and v1:
+        try:
+            cred = base64.b64decode(cred.strip(), validate=True).decode("utf-8").partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            return "wrong"
+    elif scheme not in ("bearer", "token"):
+        return "wrong"
+    if not hmac.compare_digest(cred.strip().encode("utf-8", "replace"), token):
         return "wrong"
     return None
 
@@ -170,6 +197,7 @@ class HttpProtocol(asyncio.Protocol):
         self.body_started: float | None = None
         self.body_length = 0
         self.write_paused_at: float | None = None   # the client stopped reading our answers
+        self.target: str | None = None    # the request target being read (refusals' shape)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -226,6 +254,9 @@ class HttpProtocol(asyncio.Protocol):
 
     def _reply_close(self, resp: Response) -> None:
         self.closing = True
+        shape = self.server.shape_refusal
+        if shape is not None and self.target is not None:
+            resp = shape(self.target, resp)
         if self.transport is not None:
             self.server.responses[("none", resp.status)] += 1
             self.transport.write(encode_response(resp, False))
@@ -290,6 +321,7 @@ class HttpProtocol(asyncio.Protocol):
                 if len(parts) != 3:
                     raise ValueError(f"malformed request line {lines[0][:80]!r}")
                 method, target, version = parts
+                self.target = target
                 if version not in ("HTTP/1.1", "HTTP/1.0"):
                     if HTTP_VERSION_RE.fullmatch(version) is None:
                         raise ValueError(f"malformed HTTP version {version[:20]!r}")
@@ -306,7 +338,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._reply_close(error(400, "bad_request", str(exc)))
                 return
             if srv.token is not None:
-                why = bearer_token_invalid(headers, srv.token)
+                why = bearer_token_invalid(headers, srv.token, target)
                 if why is not None:
                     log.info("http: %s: 401, %s bearer token", self.peer, why)
                     self._reply_close(unauthorized(why))
@@ -343,6 +375,7 @@ class HttpProtocol(asyncio.Protocol):
             except ValueError as exc:
                 self._reply_close(error(400, "bad_request", f"bad query string: {exc}"))
                 return
+            self.target = None
             req = Request(method, path, query, headers, body)
             try:
                 result = srv.handler(req)
@@ -392,8 +425,13 @@ class HttpServer:
     def __init__(self, handler: Handler, *, max_body_bytes: int, max_header_bytes: int,
                  max_connections: int, idle_timeout_ms: int, header_timeout_ms: int = 10_000,
                  body_timeout_ms: int = 10_000, token: bytes | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 shape_refusal: Callable[[str, Response], Response] | None = None) -> None:
         self.handler = handler
+        # Refusals made before the handler sees a request (401, 413, ...) pass through
+        # shape_refusal(target, response) when given: InfluxDB's routes answer in
+        # InfluxDB's error shape (vrepl/node/influx.py).
+        self.shape_refusal = shape_refusal
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.max_connections = max_connections

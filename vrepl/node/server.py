@@ -10,7 +10,11 @@ configured log file (or stderr), in the shared format (vrepl/logsetup.py).
 
 Routes (each request is counted under its route pattern, docs/operations.md §Metrics):
     GET  /v1/status                                   node and vgroups
-    POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}]
+    POST /v1/vgroups/{id}/write[?request_id=ID]       body: JSON array of [table, ts, {col: v}],
+                                                      or an Arrow IPC stream (Content-Type)
+    POST /write?db=vgN[&precision=P]                  InfluxDB v1 line protocol (influx.py)
+    POST /api/v2/write?bucket=vgN[&precision=P]       InfluxDB v2 line protocol
+    GET  /ping                                        InfluxDB's liveness probe: 204
     GET  /v1/vgroups/{id}/rows?table=T&start=S&end=E[&limit=N]
     GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
     GET  /metrics                                     Prometheus text format (vrepl/node/metrics.py)
@@ -35,11 +39,14 @@ import vrepl
 from vrepl.dirlock import DirLock, lock_dir
 from vrepl.errors import ConfigError, InvariantViolation, ListenError
 from vrepl.logsetup import reopen_logs, setup_logging
+from vrepl.node import influx
 from vrepl.node.config import NodeConfig
 from vrepl.node.http import HttpServer, Request, Response, error, server_ssl_context
-from vrepl.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, NodeMetrics
-from vrepl.node.vgroup import VgroupHost
+from vrepl.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from vrepl.node.metrics import NodeMetrics
+from vrepl.node.vgroup import KIND_ARROW, KIND_LINES, VgroupHost
 from vrepl.transport.loop import IoLoop
+from vrepl.vnode.ingest import ARROW_CONTENT_TYPE
 from vrepl.vnode.rows import INT64_MAX, INT64_MIN, TABLE_NAME_RE, TABLE_NAME_RULE
 
 log = logging.getLogger("vrepl.node")
@@ -50,7 +57,13 @@ ROUTE_WRITE = "/v1/vgroups/{id}/write"
 ROUTE_ROWS = "/v1/vgroups/{id}/rows"
 ROUTE_TABLES = "/v1/vgroups/{id}/tables"
 ROUTE_METRICS = "/metrics"
+ROUTE_INFLUX_V1 = influx.ROUTE_V1_WRITE
+ROUTE_INFLUX_V2 = influx.ROUTE_V2_WRITE
+ROUTE_PING = influx.ROUTE_PING
 ROUTE_OTHER = "other"    # no such route (404)
+# Content types of the write route's body: JSON rows (also what curl -d and a request with no
+# type send), or an Arrow IPC stream; anything else is 415.
+JSON_CONTENT_TYPES = ("", "application/json", "application/x-www-form-urlencoded", "text/plain")
 VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES}
 
 # The cyclic GC's thresholds in a node process (docs/perf.md §gc). With CPython's default
@@ -118,6 +131,7 @@ class Node:
                                    idle_timeout_ms=h.idle_timeout_ms,
                                    header_timeout_ms=h.header_timeout_ms,
                                    body_timeout_ms=h.body_timeout_ms, token=h.token,
+                                   shape_refusal=influx.shape_refusal,
                                    ssl_context=(server_ssl_context(h.tls_cert, h.tls_key)
                                                 if h.tls_cert and h.tls_key else None))
             self.metrics.http = self.http
@@ -192,6 +206,8 @@ class Node:
                 return error(405, "bad_method", f"{req.method} {req.path}: use GET")
             return Response(200, raw=self.metrics.render(), content_type=METRICS_CONTENT_TYPE)
         if parts[:1] != ["v1"]:
+            if influx.is_influx(req.path):
+                return self._influx(req)
             return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
         if parts == ["v1", "status"]:
             req.route = ROUTE_STATUS
@@ -207,7 +223,14 @@ class Node:
                 if req.method != "POST":
                     return error(405, "bad_method", f"{req.method} {req.path}: use POST")
                 rid = req.query.get("request_id") or req.headers.get("request-id")
-                return vg.write(req.body, rid)
+                ctype = req.headers.get("content-type", "").partition(";")[0].strip().lower()
+                if ctype in JSON_CONTENT_TYPES:
+                    return vg.write(req.body, rid)
+                if ctype == ARROW_CONTENT_TYPE:
+                    return vg.write(req.body, rid, KIND_ARROW)
+                return error(415, "unsupported_media_type", f"Content-Type {ctype[:60]!r}:"
+                             f" application/json or {ARROW_CONTENT_TYPE}",
+                             outcome="not_written")
             if parts[3] == "rows":
                 if req.method != "GET":
                     return error(405, "bad_method", f"{req.method} {req.path}: use GET")
@@ -217,6 +240,30 @@ class Node:
                     return error(405, "bad_method", f"{req.method} {req.path}: use GET")
                 return vg.tables()
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
+
+    def _influx(self, req: Request):
+        """InfluxDB's routes (vrepl/node/influx.py), answered in InfluxDB's shapes."""
+        v1 = influx.is_v1(req.path)
+        req.route = req.path
+        if req.path == influx.ROUTE_PING:
+            if req.method not in ("GET", "HEAD"):
+                return influx.shaped(v1, error(405, "bad_method", f"{req.method} {req.path}:"
+                                               " use GET"))
+            return influx.ping()
+        if req.method != "POST":
+            return influx.shaped(v1, error(405, "bad_method", f"{req.method} {req.path}: use"
+                                           " POST", outcome="not_written"))
+        vg_text, unit, refused = influx.write_params(req, v1)
+        if refused is not None:
+            return refused
+        vg = self._vgroup(vg_text)  # type: ignore[arg-type]
+        if isinstance(vg, Response):
+            return influx.shaped(v1, vg)
+        body, refused = influx.body_of(req, self.cfg.http.max_body_bytes)
+        if refused is not None:
+            return influx.shaped(v1, refused)
+        rid = req.query.get("request_id") or req.headers.get("request-id")
+        return influx.answer(v1, vg.write(body, rid, KIND_LINES, unit))  # type: ignore[arg-type]
 
     def _vgroup(self, text: str) -> VgroupHost | Response:
         if not text.isdigit() or len(text) > 10:

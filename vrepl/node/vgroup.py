@@ -44,6 +44,8 @@ log = logging.getLogger("vrepl.node")
 _IN_LOG = (ConfirmStatus.OK, ConfirmStatus.TIMED_OUT, ConfirmStatus.FAILED)
 
 SERVING, NEEDS_RESTORE = "serving", "needs_restore"
+# The formats of a write's body (VgroupHost.write).
+KIND_JSON, KIND_ARROW, KIND_LINES = "json", "arrow", "lines"
 # A failed self-restore is retried after [restore] retry_interval_ms, doubled after each
 # failure up to this (the pull's I/O timeout is [restore] io_timeout_s).
 SELF_RESTORE_RETRY_MAX_MS = 10_000
@@ -398,9 +400,13 @@ class VgroupHost:
                      " it restored itself from the master; ask another replica",
                      outcome="not_written")
 
-    def write(self, body: bytes, request_id: str | None) -> "Response | Awaitable[Response]":
+    def write(self, body: bytes, request_id: str | None, kind: str = KIND_JSON,
+              unit: int = 0) -> "Response | Awaitable[Response]":
         """A client write: a Response at once (refused), else a future of the Response,
-        set when the record's outcome is known (_confirm) or the write timeout expires."""
+        set when the record's outcome is known (_confirm) or the write timeout expires.
+        `kind`: the body's format, KIND_JSON (rows), KIND_ARROW (an Arrow IPC stream) or
+        KIND_LINES (InfluxDB line protocol, timestamps in `unit`, ingest.UNIT_CODES); each
+        is one WAL record of its own payload format (docs/vnode.md §2)."""
         if self.state != SERVING:
             self.counters["writes_needs_restore"] += 1
             return self._needs_restore_answer("takes no writes")
@@ -416,9 +422,18 @@ class VgroupHost:
             self.counters["writes_overloaded"] += 1
             return error(503, "overloaded", f"vg{self.id}: {len(self.pending)} writes wait for"
                          " confirmation (max_pending_writes); retry later", outcome="not_written")
-        reason, rows, payload = vnode.prepare_raw(body, request_id)
+        line = 0
+        if kind == KIND_JSON:
+            reason, rows, payload = vnode.prepare_raw(body, request_id)
+        elif kind == KIND_ARROW:
+            reason, rows, payload = vnode.prepare_arrow(body, request_id)
+        else:
+            reason, line, rows, payload = vnode.prepare_lines(
+                body, unit, self.node_cfg.http.max_line_bytes, request_id)
         if reason is not None:
             self.counters["writes_bad"] += 1
+            if line:
+                return error(400, "bad_rows", reason, outcome="not_written", line=line)
             return error(400, "bad_rows", reason, outcome="not_written")
         version = self.next_version
         try:

@@ -86,8 +86,7 @@ class PersistBatch:
         e0, e1 = self.record_epochs[0], self.record_epochs[-1]
         if len(self.payloads) == 1:
             return f"persist_batch e{e0}v{self.first_version} {len(self.payloads[0])}B"
-        return (f"persist_batch e{e0}v{self.first_version}..e{e1}v{self.last_version}"
-                f" ({len(self.payloads)} records)")
+        return f"persist_batch e{e0}v{self.first_version}..e{e1}v{self.last_version} ({len(self.payloads)} records)"
 
 
 @dataclass(frozen=True, slots=True)

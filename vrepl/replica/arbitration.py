@@ -12,14 +12,10 @@ Must not: decide the role (the election reads `live_grant_epoch` and `asked_epoc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vrepl.replica.actions import LogLevel, RequestArbitratorGrant
 from vrepl.replica.events import ArbitratorConnected, ArbitratorGranted, ArbitratorLost, ArbitratorRefused
+from vrepl.replica.host import ReplicaHost
 from vrepl.replica.lease import lease_margin_refusal
-
-if TYPE_CHECKING:  # annotations only: replica.py imports this module
-    from vrepl.replica.replica import Replica
 
 
 class ArbitratorLease:
@@ -27,7 +23,7 @@ class ArbitratorLease:
 
     __slots__ = ("r", "connected", "grant_epoch", "lease_until_tick", "request", "retry_tick", "short_lease_logged_ms")
 
-    def __init__(self, r: Replica) -> None:
+    def __init__(self, r: ReplicaHost) -> None:
         self.r = r
         self.connected = False
         self.grant_epoch = 0  # the epoch of the last grant, until it expires or is void

@@ -138,4 +138,3 @@ def config_invalid(cfg: Config) -> str | None:
             " (the renewal period plus the allowance)"
         )
     return None
-

@@ -13,15 +13,12 @@ role but through the Replica's transitions, or do I/O.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from vrepl.replica import election
 from vrepl.replica.actions import LogLevel
 from vrepl.replica.follower import Follower
+from vrepl.replica.host import ReplicaHost
 from vrepl.replica.messages import NO_NODE, Heartbeat, PeerView, Role, Status
-
-if TYPE_CHECKING:  # annotations only: replica.py imports this module
-    from vrepl.replica.replica import Replica
 
 
 class Elector:
@@ -29,7 +26,7 @@ class Elector:
 
     __slots__ = ("r", "views", "heard", "reports", "defer_since_tick", "last_decision")
 
-    def __init__(self, r: Replica) -> None:
+    def __init__(self, r: ReplicaHost) -> None:
         self.r = r
         blank = PeerView(Role.OFFLINE, 0, 0, 0, NO_NODE)
         self.views: list[PeerView] = [blank] * r.n  # index = position in the replica list
@@ -77,7 +74,9 @@ class Elector:
         return Status(
             r.node,
             tuple(
-                r.view() if i == r.me else (views[i] if connected[i] else dataclasses.replace(views[i], role=Role.OFFLINE))
+                r.view()
+                if i == r.me
+                else (views[i] if connected[i] else dataclasses.replace(views[i], role=Role.OFFLINE))
                 for i in range(r.n)
             ),
         )

@@ -117,9 +117,7 @@ def next_epoch(views: tuple[PeerView, ...]) -> int:
 
 def promises_for(views: tuple[PeerView, ...], online: tuple[bool, ...], epoch: int, candidate: int) -> int:
     """How many online replicas show (epoch, candidate) as their promise."""
-    return sum(
-        1 for v, up in zip(views, online) if up and v.promised_epoch == epoch and v.promised_master == candidate
-    )
+    return sum(1 for v, up in zip(views, online) if up and v.promised_epoch == epoch and v.promised_master == candidate)
 
 
 def election_in_progress(inp: ElectionInput, newest: int) -> tuple[int, int] | None:
@@ -152,7 +150,9 @@ def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Deci
     if busy is not None:
         p, x = busy
         return Decision(
-            Verdict.DEFER, promised, inp.nodes[x],
+            Verdict.DEFER,
+            promised,
+            inp.nodes[x],
             f"n{inp.nodes[p]} promised e{epoch - 1} to n{inp.nodes[x]}, which it hears and I do not",
         )
     if inp.contest_allowed:
@@ -168,7 +168,9 @@ def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Deci
                 # me (I win the tie only by list order) and may have won it already; its
                 # master status is a round trip away.
                 return Decision(
-                    Verdict.DEFER, promised, inp.nodes[x],
+                    Verdict.DEFER,
+                    promised,
+                    inp.nodes[x],
                     f"n{inp.nodes[x]} announced itself for e{epoch - 1} too: a moment for its result",
                 )
     if inp.arbitrator_used and not is_majority(online_count, len(inp.nodes), True) and inp.grant_epoch != epoch:
@@ -176,7 +178,9 @@ def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Deci
         # (another node's lease is live) then leaves no promise that would depose that master
         # as soon as the link heals.
         return Decision(
-            Verdict.REQUEST_GRANT, epoch, my_node,
+            Verdict.REQUEST_GRANT,
+            epoch,
+            my_node,
             f"{online_count} of {len(inp.nodes)} replicas online: the arbitrator's vote first",
         )
     return None
@@ -204,10 +208,14 @@ def decide(inp: ElectionInput) -> Decision:
         # connection would let both sides of a cut 2-replica group stay master.
         lease = 1 if inp.arbitrator_used and inp.grant_epoch == promised else 0
         if not is_majority(online_count + lease, n, inp.arbitrator_used):
-            return Decision(Verdict.STEP_DOWN, promised, NO_NODE, f"hears {online_count} of {n} replicas, lease {lease}")
+            return Decision(
+                Verdict.STEP_DOWN, promised, NO_NODE, f"hears {online_count} of {n} replicas, lease {lease}"
+            )
         for i, (v, up) in enumerate(zip(inp.views, inp.online)):
             if up and i != me and v.promised_epoch > promised:
-                return Decision(Verdict.STEP_DOWN, promised, NO_NODE, f"n{inp.nodes[i]} promised newer e{v.promised_epoch}")
+                return Decision(
+                    Verdict.STEP_DOWN, promised, NO_NODE, f"n{inp.nodes[i]} promised newer e{v.promised_epoch}"
+                )
         return Decision(Verdict.STAY_MASTER, promised, my_node, "majority reachable")
 
     arbitrator = 1 if inp.arbitrator_used and inp.arbitrator_connected else 0
@@ -264,7 +272,9 @@ def decide(inp: ElectionInput) -> Decision:
     cand_node = inp.nodes[cand]
     if cv.promised_master == cand_node and cv.promised_epoch > promised:
         if cv.promised_epoch == inp.asked_epoch:
-            return Decision(Verdict.WAIT, promised, cand_node, f"asked the arbitrator for e{inp.asked_epoch}: its answer first")
+            return Decision(
+                Verdict.WAIT, promised, cand_node, f"asked the arbitrator for e{inp.asked_epoch}: its answer first"
+            )
         return Decision(Verdict.ADOPT, cv.promised_epoch, cand_node, "my view picks the same candidate")
     if cv.promised_master == cand_node and cv.promised_epoch == promised and mine.promised_master == cand_node:
         return Decision(Verdict.WAIT, promised, cand_node, "adopted, waiting for the candidate")

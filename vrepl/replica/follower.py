@@ -12,8 +12,6 @@ transition drops it (role.py); change the role but through the Replica's transit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vrepl._core.record import HEADER_SIZE_BYTES as RECORD_HEADER_BYTES
 from vrepl.replica.actions import (
     LogLevel,
@@ -28,6 +26,7 @@ from vrepl.replica.actions import (
 from vrepl.replica.events import AppRecover, LogRebased, RestoreBegun, RestoredRecords, RestoreEnded
 from vrepl.replica.forward import SyncCache
 from vrepl.replica.history import EpochHistory, history_invalid
+from vrepl.replica.host import ReplicaHost
 from vrepl.replica.messages import (
     AckStatus,
     Commit,
@@ -41,9 +40,6 @@ from vrepl.replica.messages import (
     TruncateRequest,
 )
 from vrepl.replica.role import RoleState
-
-if TYPE_CHECKING:  # annotations only: replica.py imports this module
-    from vrepl.replica.replica import Replica
 
 # In the reason a follower gives when a master asks it to cut records at or below its commit
 # version (docs/design.md §4.4): only a bug can send that. Logged at ERROR; the simulator
@@ -67,7 +63,7 @@ class Follower(RoleState):
 
     ROLES = (Role.SYNCING, Role.SLAVE)
 
-    def __init__(self, r: Replica, master_node: int) -> None:
+    def __init__(self, r: ReplicaHost, master_node: int) -> None:
         super().__init__(r)
         self.master_node = master_node
         self.sync_started = False  # the master confirmed my log is a prefix of its own
@@ -130,15 +126,18 @@ class Follower(RoleState):
             # correct master asks for them to be cut. A peer's message is never an invariant
             # here: refused like the one below, but logged at ERROR (a bug somewhere), and the
             # simulator fails a run that logs it.
-            self._refuse_master(f"refused {req.describe()}: it {CUTS_COMMITTED_RECORDS}"
-                                f" v{cut + 1}..v{r.commit_version}", LogLevel.ERROR)
+            self._refuse_master(
+                f"refused {req.describe()}: it {CUTS_COMMITTED_RECORDS} v{cut + 1}..v{r.commit_version}", LogLevel.ERROR
+            )
             return
         if cut < self.matched_version:
             # A peer's message, not a bug here: the master would cut records it matched with
             # this log (its restore stream sent records its own log lacks, say). Refused;
             # the follower starts over and matches from scratch (docs/design.md §4.3).
-            self._refuse_master(f"refused {req.describe()}: it cuts v{cut + 1}..v{self.matched_version},"
-                                f" which matched n{r.nodes[i]}'s log")
+            self._refuse_master(
+                f"refused {req.describe()}: it cuts v{cut + 1}..v{self.matched_version},"
+                f" which matched n{r.nodes[i]}'s log"
+            )
             return
         r.truncating_to = cut
         self.sync_started = False
@@ -164,8 +163,10 @@ class Follower(RoleState):
         r = self.r
         if r.last_epoch <= fwd.record_epoch <= r.promised_epoch:
             return None
-        return (f"refused {fwd.describe()} from n{self.master_node}: record epoch e{fwd.record_epoch} outside"
-                f" e{r.last_epoch}..e{r.promised_epoch}")
+        return (
+            f"refused {fwd.describe()} from n{self.master_node}: record epoch e{fwd.record_epoch} outside"
+            f" e{r.last_epoch}..e{r.promised_epoch}"
+        )
 
     # ------------------------------------------------------------------ forwards (§4.2)
 
@@ -233,8 +234,9 @@ class Follower(RoleState):
         if fwd.version <= r.last_version:
             if fwd.version <= self.matched_version and r.history.epoch_at(fwd.version) != fwd.record_epoch:
                 # A peer's message, not a bug here: the master contradicts a record it matched.
-                self._refuse_master(f"refused {fwd.describe()}: matched v{fwd.version}"
-                                    f" is e{r.history.epoch_at(fwd.version)}")
+                self._refuse_master(
+                    f"refused {fwd.describe()}: matched v{fwd.version} is e{r.history.epoch_at(fwd.version)}"
+                )
                 return False
             return True  # a duplicate from the stream
         if fwd.prev_epoch != r.last_epoch:

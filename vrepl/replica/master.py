@@ -11,8 +11,6 @@ Must not: exist outside mastership: `Replica._become_master` creates it and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vrepl._core.window import PendingWindow
 from vrepl.replica.actions import (
     ConfirmForward,
@@ -27,6 +25,7 @@ from vrepl.replica.actions import (
 )
 from vrepl.replica.events import AppForward, AppForwardBatch, PeerRestoreCaughtUp, PeerRestoreFailed, PeerRestoring
 from vrepl.replica.forward import PeerProgress, PeerState
+from vrepl.replica.host import ReplicaHost
 from vrepl.replica.messages import (
     AckStatus,
     Commit,
@@ -41,9 +40,6 @@ from vrepl.replica.messages import (
 )
 from vrepl.replica.role import RoleState
 
-if TYPE_CHECKING:  # annotations only: replica.py imports this module
-    from vrepl.replica.replica import Replica
-
 
 class Master(RoleState):
     """The master of `r.promised_epoch`: its window, its followers' progress, its commits."""
@@ -52,7 +48,7 @@ class Master(RoleState):
 
     ROLES = (Role.MASTER,)
 
-    def __init__(self, r: Replica) -> None:
+    def __init__(self, r: ReplicaHost) -> None:
         super().__init__(r)
         cfg = r.cfg
         self.peers = {i: PeerProgress() for i in range(r.n) if i != r.me}
@@ -281,7 +277,9 @@ class Master(RoleState):
         keep = min(req.last_version, end)
         peer.state = PeerState.PROBING
         r._emit(Send(node, TruncateRequest(r.promised_epoch, common_epoch, keep)))
-        r._log(LogLevel.INFO, f"n{node} has e{req.last_epoch}v{req.last_version} I lack: keep <=e{common_epoch} <=v{keep}")
+        r._log(
+            LogLevel.INFO, f"n{node} has e{req.last_epoch}v{req.last_version} I lack: keep <=e{common_epoch} <=v{keep}"
+        )
 
     # ------------------------------------------------------------------ restore of a follower (docs/restore.md)
 
@@ -298,7 +296,9 @@ class Master(RoleState):
             super().on_peer_restore_caught_up(i, ev)
             return
         peer.state = PeerState.REPLICATING
-        self.r._log(LogLevel.INFO, f"n{ev.node} restore stream covers v{self.r.last_version}: live forwards start (sync cache)")
+        self.r._log(
+            LogLevel.INFO, f"n{ev.node} restore stream covers v{self.r.last_version}: live forwards start (sync cache)"
+        )
 
     def on_peer_restore_failed(self, i: int, ev: PeerRestoreFailed) -> None:
         r = self.r

@@ -19,35 +19,69 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from vrepl.replica.actions import Action, CommitAdvanced, Log, LogLevel, NotifyRole, PersistPromisedEpoch, ResetConnection, Send
+from vrepl._core.window import PendingWindow
+from vrepl.replica.actions import (
+    Action,
+    CommitAdvanced,
+    Log,
+    LogLevel,
+    NotifyRole,
+    PersistPromisedEpoch,
+    ResetConnection,
+    Send,
+)
 from vrepl.replica.arbitration import ArbitratorLease
 from vrepl.replica.config import Config, config_invalid
 from vrepl.replica.electing import Elector
 from vrepl.replica.events import (
-    AppAcked, AppForward, AppForwardBatch, AppRecover, ArbitratorConnected, ArbitratorGranted, ArbitratorLost,
-    ArbitratorRefused, Event, LogRebased, PeerConnected, PeerDisconnected, PeerRestoreCaughtUp, PeerRestoreFailed,
-    PeerRestoring, Received, RestoreBegun, RestoredRecords, RestoreEnded, RestoreFinished, TruncateDone, WalPersisted,
+    AppAcked,
+    AppForward,
+    AppForwardBatch,
+    AppRecover,
+    ArbitratorConnected,
+    ArbitratorGranted,
+    ArbitratorLost,
+    ArbitratorRefused,
+    Event,
+    LogRebased,
+    PeerConnected,
+    PeerDisconnected,
+    PeerRestoreCaughtUp,
+    PeerRestoreFailed,
+    PeerRestoring,
+    Received,
+    RestoreBegun,
+    RestoredRecords,
+    RestoreEnded,
+    RestoreFinished,
+    TruncateDone,
+    WalPersisted,
 )
-from vrepl._core.window import PendingWindow
 from vrepl.replica.follower import Follower
 from vrepl.replica.forward import PeerProgress, SyncCache
 from vrepl.replica.history import EpochHistory, history_invalid
 from vrepl.replica.invariant import InvariantViolation, invariant
 from vrepl.replica.master import Master
 from vrepl.replica.messages import (
-    NO_NODE, AckStatus, Commit, Forward, ForwardAck, ForwardBatch, Heartbeat, PeerView, Role, Status, SyncRequest,
-    SyncStart, TruncateRequest,
+    NO_NODE,
+    AckStatus,
+    Commit,
+    Forward,
+    ForwardAck,
+    ForwardBatch,
+    Heartbeat,
+    PeerView,
+    Role,
+    Status,
+    SyncRequest,
+    SyncStart,
+    TruncateRequest,
 )
+from vrepl.replica.report import COUNTERS, describe_replica, replica_stats
 from vrepl.replica.role import RoleState, Unsynced
 
 __all__ = ["Config", "Replica", "config_invalid"]
 
-COUNTERS = (
-    "forwards_sent", "forward_bytes_sent", "acks_received", "confirmed_ok", "confirmed_timed_out",
-    "confirmed_failed", "refused_forwards", "forwards_received", "forward_bytes_received", "acks_sent",
-    "stale_forwards_refused", "resyncs", "truncations", "role_changes", "elections_won", "minority_resets",
-    "restores_begun", "restores_ended_ok", "restores_failed", "log_rebases",
-)
 
 _NO_CACHE = SyncCache(0, 0)  # what `cache` shows outside the follower role: holds nothing
 
@@ -212,51 +246,11 @@ class Replica:
         return None
 
     def stats(self) -> dict[str, object]:
-        """Counters and per-peer lag for the embedding app (issue 3 §6)."""
-        master_peers = self.peers
-        peers = {}
-        for i, node in enumerate(self.nodes):
-            if i == self.me:
-                continue
-            p = master_peers.get(i)
-            acked = p.acked_version if p else 0
-            peers[node] = {
-                "online": self.connected[i],
-                "role": Role(self.elector.views[i].role).describe() if self.connected[i] else "offline",
-                "state": p.state.name.lower() if p else "-",
-                "acked_version": acked,
-                "lag_versions": self.last_version - acked if p else 0,
-                "forwards": p.forwards if p else 0,
-                "forward_bytes": p.forward_bytes if p else 0,
-                "acks": p.acks if p else 0,
-            }
-        window = self.window
-        return {
-            "vgroup_id": self.cfg.vgroup_id,
-            "node": self.node,
-            "role": self._role.describe(),
-            "epoch": self.promised_epoch,
-            "master": self.master,
-            "last_epoch": self.last_epoch,
-            "last_version": self.last_version,
-            "durable_version": self.durable_version,
-            "pending_forwards": len(window) if window else 0,
-            "sync_cache_records": len(self.cache),
-            "counters": dict(self.counters),
-            "peers": peers,
-        }
+        """Counters and per-peer lag for the embedding app (issue 3 §6; report.py)."""
+        return replica_stats(self)
 
     def describe(self) -> str:
-        others = []
-        for i, node in enumerate(self.nodes):
-            if i == self.me:
-                continue
-            role = Role(self.elector.views[i].role).describe() if self.connected[i] else "offline"
-            others.append(f"n{node}:{role}")
-        return (
-            f"vg{self.cfg.vgroup_id} n{self.node} {self._role.describe()} e{self.promised_epoch}"
-            f" log e{self.last_epoch}v{self.last_version} durable v{self.durable_version} " + " ".join(others)
-        ).rstrip()
+        return describe_replica(self)
 
     # ------------------------------------------------------------------ read-only views of the role's state
 
@@ -530,7 +524,9 @@ class Replica:
             # docs/design.md §2.3: after a promise, older epochs are refused, so the old
             # master cannot count this node towards a write the new master lacks.
             self.counters["stale_forwards_refused"] += len(fwds)
-            self._log(LogLevel.INFO, f"refused {fwds[0].describe()} from n{self.nodes[i]}: promised e{self.promised_epoch}")
+            self._log(
+                LogLevel.INFO, f"refused {fwds[0].describe()} from n{self.nodes[i]}: promised e{self.promised_epoch}"
+            )
             self._emit(Send(self.nodes[i], ForwardAck(self.promised_epoch, 0, AckStatus.STALE_EPOCH)))
             return
         self._state.on_forwards(i, epoch, fwds)
@@ -544,7 +540,9 @@ class Replica:
         if peer is None:
             return lambda *args: getattr(self._state, name)(*args)
 
-        def with_index(ev: PeerRestoring | PeerRestoreCaughtUp | PeerRestoreFailed | RestoreBegun | RestoredRecords) -> None:
+        def with_index(
+            ev: PeerRestoring | PeerRestoreCaughtUp | PeerRestoreFailed | RestoreBegun | RestoredRecords,
+        ) -> None:
             i = self._peer_index(ev.node, peer)
             if i is not None:
                 getattr(self._state, name)(i, ev)

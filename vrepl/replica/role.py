@@ -16,8 +16,6 @@ drop them; a dropped one is marked `left` and is not used again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vrepl.replica.actions import ConfirmForward, ConfirmStatus, LogLevel
 from vrepl.replica.events import (
     AppForward,
@@ -31,10 +29,17 @@ from vrepl.replica.events import (
     RestoredRecords,
     RestoreEnded,
 )
-from vrepl.replica.messages import Commit, Forward, ForwardAck, ForwardBatch, Role, SyncRequest, SyncStart, TruncateRequest
-
-if TYPE_CHECKING:  # annotations only: replica.py imports this module
-    from vrepl.replica.replica import Replica
+from vrepl.replica.host import ReplicaHost
+from vrepl.replica.messages import (
+    Commit,
+    Forward,
+    ForwardAck,
+    ForwardBatch,
+    Role,
+    SyncRequest,
+    SyncStart,
+    TruncateRequest,
+)
 
 
 class RoleState:
@@ -44,7 +49,7 @@ class RoleState:
 
     ROLES: tuple[Role, ...] = ()  # the values of Replica.role this object goes with
 
-    def __init__(self, r: Replica) -> None:
+    def __init__(self, r: ReplicaHost) -> None:
         self.r = r
         self.left = False  # set when a transition drops this object
 
@@ -71,7 +76,9 @@ class RoleState:
         self.r._emit(ConfirmForward(ev.version, ev.version, ConfirmStatus.NOT_MASTER))
 
     def on_app_forward_batch(self, ev: AppForwardBatch) -> None:
-        self.r._emit(ConfirmForward(ev.first_version, ev.first_version + len(ev.payloads) - 1, ConfirmStatus.NOT_MASTER))
+        self.r._emit(
+            ConfirmForward(ev.first_version, ev.first_version + len(ev.payloads) - 1, ConfirmStatus.NOT_MASTER)
+        )
 
     def on_forward_ack(self, i: int, ack: ForwardAck) -> None:
         self.r._log(LogLevel.DEBUG, f"ignored {ack.describe()} from n{self.r.nodes[i]}: not master of that epoch")
@@ -96,7 +103,9 @@ class RoleState:
 
     def on_forwards(self, i: int, epoch: int, fwds: tuple[Forward, ...]) -> None:
         """Forwards of the master of `epoch` (not older than the promise: Replica checked)."""
-        self.r._log(LogLevel.DEBUG, f"ignored {fwds[0].describe()} from n{self.r.nodes[i]}: not following it in e{epoch}")
+        self.r._log(
+            LogLevel.DEBUG, f"ignored {fwds[0].describe()} from n{self.r.nodes[i]}: not following it in e{epoch}"
+        )
 
     def on_truncate_request(self, i: int, req: TruncateRequest) -> None:
         self.r._log(LogLevel.DEBUG, f"ignored {req.describe()} from n{self.r.nodes[i]}")
@@ -105,19 +114,25 @@ class RoleState:
         self.r._log(LogLevel.DEBUG, f"ignored {msg.describe()} from n{self.r.nodes[i]}")
 
     def on_commit(self, i: int, msg: Commit) -> None:
-        self.r._log(LogLevel.DEBUG, f"ignored {msg.describe()} from n{self.r.nodes[i]}: not following it in e{msg.epoch}")
+        self.r._log(
+            LogLevel.DEBUG, f"ignored {msg.describe()} from n{self.r.nodes[i]}: not following it in e{msg.epoch}"
+        )
 
     def on_app_recover(self, ev: AppRecover) -> None:
         self.r._log(LogLevel.INFO, f"ignored app recover: role {self.r.role.describe()}, nothing to resync from")
 
     def on_restore_begun(self, i: int, ev: RestoreBegun) -> None:
-        self.r._log(LogLevel.INFO, f"refused {ev.describe()}: not following n{ev.node} in e{ev.epoch} with a matched log")
+        self.r._log(
+            LogLevel.INFO, f"refused {ev.describe()}: not following n{ev.node} in e{ev.epoch} with a matched log"
+        )
 
     def on_log_rebased(self, ev: LogRebased) -> None:
         self._rebase_ignored(ev, restoring=False)
 
     def _rebase_ignored(self, ev: LogRebased, restoring: bool) -> None:
-        self.r._log(LogLevel.WARNING, f"ignored {ev.describe()}: restoring {restoring}, log ends at v{self.r.last_version}")
+        self.r._log(
+            LogLevel.WARNING, f"ignored {ev.describe()}: restoring {restoring}, log ends at v{self.r.last_version}"
+        )
 
     def on_restored_records(self, i: int, ev: RestoredRecords) -> None:
         self.r._log(LogLevel.DEBUG, f"ignored {ev.describe()}: no restore running")

@@ -34,7 +34,7 @@ from vrepl.errors import InputError
 from vrepl.spark.model import Finding, ReplicaSpec
 from vrepl.vnode.errors import ArchiveError, PayloadError
 from vrepl.vnode.files import ARROW_TYPES, MANIFEST_NAME, ArchivedFile, Manifest, file_magic
-from vrepl.vnode.rows import decode_checked
+from vrepl.vnode.ingest import decode_checked, staged_rows
 
 WAL_DIR = "wal"
 MSG_TYPE_DATA = 1
@@ -350,7 +350,7 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
             continue
         for table, cols in added.items():
             schemas.setdefault(table, {}).update(cols)
-        for table, ts, values in batch:
+        for table, ts, values in (batch if isinstance(batch, list) else staged_rows(batch)):
             rows[(table, ts)] = (version, epoch, values)
     return rows
 

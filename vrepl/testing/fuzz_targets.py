@@ -13,11 +13,16 @@ import tempfile
 
 from vrepl import wal
 from vrepl._core import framebuf, record
+from vrepl.errors import VreplError
 from vrepl.replica import messages as _messages
 from vrepl.transport import codec
-from vrepl.transport.handshake import (HANDSHAKE_MAX_FRAME_BYTES, ClientHandshake,
-                                       ServerHandshake)
-from vrepl.errors import VreplError
+from vrepl.transport.handshake import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    ClientHandshake,
+    ServerHandshake,
+)
+from vrepl.vnode import ingest
+from vrepl.vnode.config import VnodeConfig
 
 # The largest record any target accepts: allocations must stay below a small multiple of it.
 FUZZ_MAX_RECORD_BYTES = 64 * 1024
@@ -133,12 +138,72 @@ def _messages_seed() -> bytes:
     return b"".join(codec.encode(x) for x in msgs)
 
 
+# The ingest decoders' limits under fuzzing: small, so a hostile input cannot make them work
+# long; the body bound is the fuzzer's input size (-max_len).
+_INGEST_CFG = VnodeConfig(max_rows_per_batch=1000, max_columns_per_table=64, max_tables=64)
+_LP_SCHEMAS = {"cpu": {"usage": "float", "host": "str"}}
+
+
+def target_line_protocol(data: bytes) -> None:
+    """A body of line protocol, as the master (limits) and a replica (shape only) read it: a
+    Staged batch, or one line naming a line of the body; nothing else (no exception)."""
+    unit = data[0] % 6 if data else 0
+    body = data[1:]
+    st, reason, line, at = ingest.lines_staged(body, _INGEST_CFG, dict(_LP_SCHEMAS), 1, unit,
+                                               ingest.VNODE_UNIT["ms"], 1_700_000_000_000, 4096)
+    if st is None:
+        assert isinstance(reason, str) and "\n" not in reason and 0 <= at <= len(body)
+        assert line >= 1 or not body
+    else:
+        assert st.rows >= 1 and st.rows == sum(t.n for t in st.tables.values())
+        payload = ingest.encode_lines_payload(body, None, unit, ingest.VNODE_UNIT["ms"],
+                                              1_700_000_000_000)
+        # every replica decodes the same rows from the payload
+        again = ingest.decode_rows(payload)
+        assert len(again) == st.rows
+
+
+def target_arrow_stream(data: bytes) -> None:
+    """An Arrow IPC stream body (a valid stream with bytes flipped, cut, appended): a Staged
+    batch or one line; nothing else, no crash, no allocation beyond the input's size."""
+    st, reason = ingest.arrow_staged(data, _INGEST_CFG, {}, 0, ingest.VNODE_UNIT["ms"])
+    if st is None:
+        assert isinstance(reason, str) and "\n" not in reason
+    else:
+        payload = ingest.encode_arrow_payload(data, "r1", ingest.VNODE_UNIT["ms"])
+        assert len(ingest.decode_rows(payload)) == st.rows
+
+
+def _arrow_seeds() -> list[bytes]:
+    import pyarrow as pa
+
+    from vrepl.client import arrow_stream
+    one = pa.record_batch({"ts": pa.array([1, 2, 3], pa.int64()),
+                           "v": pa.array([1.5, None, 2.5]), "s": pa.array(["a", "bc", None]),
+                           "b": pa.array([True, False, None]), "i": pa.array([1, 2, 3], pa.int8())},
+                          metadata={"vrepl.table": "t"})
+    many = pa.record_batch({"ts": pa.array([1, 2], pa.timestamp("ns")),
+                            "_table": pa.array(["a", "b"]).dictionary_encode(),
+                            "d": pa.array(["x", "x"]).dictionary_encode(),
+                            "u": pa.array([1, 2], pa.uint64()),
+                            "n": pa.array([None, None], pa.null())})
+    return [arrow_stream(one), arrow_stream(many)]
+
+
+def _lp_seeds() -> list[bytes]:
+    return [(b"\x00cpu,host=a usage=0.5,n=3i,ok=t,s=\"h\\\"i\" 1700000000000000000\n"
+             b"cpu,host=a usage=1 1700000000001000000\nmem free=3u\n# c\n\n"),
+            b"\x02m\\ x,t\\,k=v\\=w f=1e3,g=-2i,h=\"\" 1700000000000\r\n"]
+
+
 TARGETS = {
     "frame_buffer": target_frame_buffer,
     "scan": target_scan,
     "wal_directory": target_wal_directory,
     "decode_messages": target_decode_messages,
     "handshake": target_handshake,
+    "line_protocol": target_line_protocol,
+    "arrow_stream": target_arrow_stream,
 }
 
 
@@ -150,4 +215,6 @@ def seeds() -> list[bytes]:
         bytes([40]) + _VALID_PREFIX + record.encode_record(1, 4, 2, b"d" * 30),
         _messages_seed(),
         _handshake_seed(),
+        *_lp_seeds(),
+        *_arrow_seeds(),
     ]

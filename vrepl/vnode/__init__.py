@@ -8,7 +8,8 @@ from vrepl.vnode.config import VnodeConfig, config_invalid
 from vrepl.vnode.errors import (ApplyError, ArchiveError, PayloadError, VnodeClosedError,
                                 VnodeError)
 from vrepl.vnode.files import ArchivedFile, file_magic
-from vrepl.vnode.rows import check_rows, decode_rows, encode_rows, rows_invalid
+from vrepl.vnode.ingest import decode_rows
+from vrepl.vnode.rows import check_rows, encode_rows, rows_invalid
 from vrepl.vnode.vnode import FileInfo, Vnode, WalInfo
 
 __all__ = ["ApplyError", "ArchiveError", "ArchivedFile", "FileInfo", "PayloadError", "Vnode",

@@ -3,6 +3,7 @@
 Owns: nothing but the names vrepl.vnode's modules and callers import from here.
 Must not: define an error type (add it to vrepl/errors.py).
 """
-from vrepl.errors import ApplyError, ArchiveError, PayloadError, VnodeClosedError, VnodeError
+from vrepl.errors import ApplyError, ArchiveError, PayloadError, StreamRefused, VnodeClosedError, VnodeError
 
-__all__ = ["ApplyError", "ArchiveError", "PayloadError", "VnodeClosedError", "VnodeError"]
+__all__ = ["ApplyError", "ArchiveError", "PayloadError", "StreamRefused", "VnodeClosedError",
+           "VnodeError"]

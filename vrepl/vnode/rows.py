@@ -53,6 +53,12 @@ PAYLOAD_HEADER_RID = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_RID])
 # they would stay uncommitted, and unarchivable, until the next client write.
 PAYLOAD_FORMAT_NOOP = 3
 NOOP_PAYLOAD = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_NOOP])
+# Formats 4 (an Arrow IPC stream) and 5 (InfluxDB line protocol) carry the client's bytes
+# too, after "VRB", the format, u8 n and n bytes of request id (n may be 0) and their own
+# header fields; vrepl/vnode/ingest.py owns their layout and decoding (docs/vnode.md §2).
+PAYLOAD_FORMAT_ARROW = 4
+PAYLOAD_FORMAT_LINES = 5
+RID_FORMATS = frozenset({PAYLOAD_FORMAT_RID, PAYLOAD_FORMAT_ARROW, PAYLOAD_FORMAT_LINES})
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 REQUEST_ID_RULE = "[A-Za-z0-9_.:-]{1,64}"
 
@@ -286,8 +292,9 @@ def body_offset(payload: bytes | memoryview) -> int:
 
 
 def payload_request_id(payload: bytes | memoryview) -> str | None:
-    """The request id a payload carries (format 2), or None."""
-    if len(payload) > 5 and payload[3] == PAYLOAD_FORMAT_RID and bytes(payload[:3]) == PAYLOAD_MAGIC:
+    """The request id a payload carries (formats 2, 4, 5), or None."""
+    if len(payload) > 5 and payload[3] in RID_FORMATS and payload[4] \
+            and bytes(payload[:3]) == PAYLOAD_MAGIC:
         return bytes(payload[5:5 + payload[4]]).decode("ascii", "replace")
     return None
 
@@ -314,17 +321,24 @@ def payload_invalid_header(payload: bytes | memoryview) -> str | None:
             return (f"a no-op payload (format {PAYLOAD_FORMAT_NOOP}) with"
                     f" {len(payload) - len(NOOP_PAYLOAD)} bytes after its header (it has none)")
         return None
+    if payload[3] in (PAYLOAD_FORMAT_ARROW, PAYLOAD_FORMAT_LINES):
+        return None             # vrepl/vnode/ingest.py checks the rest of its header
     if payload[3] != PAYLOAD_FORMAT:
-        return (f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT},"
-                f" {PAYLOAD_FORMAT_RID} and {PAYLOAD_FORMAT_NOOP})")
+        return (f"unknown payload format {payload[3]} (this vnode reads {PAYLOAD_FORMAT} to"
+                f" {PAYLOAD_FORMAT_LINES})")
     return None
+
+
+def is_json_payload(payload: bytes | memoryview) -> bool:
+    """Whether a payload (with a valid header) holds a JSON body (formats 1 and 2)."""
+    return payload[3] in (PAYLOAD_FORMAT, PAYLOAD_FORMAT_RID)
 
 
 def decode_staged(payload: bytes | memoryview, max_payload_bytes: int | None = None,
                   schemas: Schemas | None = None) -> Staged | None:
     """decode_checked's fast path: the Staged rows of a well-formed payload that agrees with
     `schemas`, or None (then decode_checked decides, and explains)."""
-    if payload_invalid_header(payload) is not None or is_noop(payload):
+    if payload_invalid_header(payload) is not None or not is_json_payload(payload):
         return None
     if max_payload_bytes is not None and len(payload) > max_payload_bytes:
         return None
@@ -357,6 +371,9 @@ def decode_checked(payload: bytes | memoryview, version: int | None = None,
         raise PayloadError(reason, version)
     if payload[3] == PAYLOAD_FORMAT_NOOP:
         return [], {}, None
+    if not is_json_payload(payload):
+        raise PayloadError(f"format {payload[3]} is not a JSON payload: decode it with"
+                           " vrepl.vnode.ingest.decode_checked", version)
     try:
         start = body_offset(payload)
         rows = loads_json(memoryview(payload)[start:])

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vrepl.errors import ConfigError
+from vrepl.vnode import ingest as I
 from vrepl.vnode import rows as R
 from vrepl.vnode.config import VnodeConfig, config_invalid
 from vrepl.vnode.errors import ApplyError, ArchiveError, VnodeClosedError, VnodeError
@@ -181,6 +182,56 @@ class Vnode:
                 return reason, [], b""
             return self._prepared(body, request_id, rows, added)
 
+    def prepare_arrow(self, body: bytes, request_id: str | None = None
+                      ) -> tuple[str | None, Any, bytes]:
+        """prepare_raw for an Arrow IPC stream body (docs/client-api.md §Binary writes):
+        (reason, [], b"") or (None, Staged rows, a format-4 payload embedding the stream)."""
+        if request_id is not None and R.REQUEST_ID_RE.fullmatch(request_id) is None:
+            return f"request_id {request_id[:70]!r} does not match {R.REQUEST_ID_RULE}", [], b""
+        vunit = I.VNODE_UNIT[self.config.precision]
+        with self._lock:
+            self._check_open()
+            staged, reason = I.arrow_staged(body, self.config, self._schemas,
+                                            len(self._schemas), vunit)
+            if staged is None:
+                return reason, [], b""
+            return self._accepted(I.encode_arrow_payload(body, request_id, vunit), staged)
+
+    def prepare_lines(self, body: bytes, unit: int, max_line_bytes: int,
+                      request_id: str | None = None) -> tuple[str | None, int, Any, bytes]:
+        """prepare_raw for a body of InfluxDB line protocol whose timestamps are in `unit`
+        (ingest.UNIT_CODES): (reason, line number, [], b"") or (None, 0, Staged rows, a
+        format-5 payload embedding the lines). A line without a timestamp gets this
+        moment, in the vnode's precision (the payload carries it: every replica agrees)."""
+        if request_id is not None and R.REQUEST_ID_RE.fullmatch(request_id) is None:
+            return (f"request_id {request_id[:70]!r} does not match {R.REQUEST_ID_RULE}", 0,
+                    [], b"")
+        vunit = I.VNODE_UNIT[self.config.precision]
+        now = time.time_ns() // (1000 if vunit == I.VNODE_UNIT["us"] else 1_000_000)
+        with self._lock:
+            self._check_open()
+            staged, reason, line, at = I.lines_staged(body, self.config, self._schemas,
+                                                     len(self._schemas), unit, vunit, now,
+                                                     max_line_bytes)
+            if staged is None:
+                mv = memoryview(body)
+                end = bytes(mv[at:at + 200]).find(b"\n")
+                text = bytes(mv[at:at + (end if end >= 0 else 200)]).decode("utf-8", "replace")
+                return (f"line {line}: unable to parse {text[:100]!r}: {reason}", line, [],
+                        b"")
+            payload = I.encode_lines_payload(body, request_id, unit, vunit, now)
+            reason, rows, payload = self._accepted(payload, staged)
+            return reason, 0, rows, payload
+
+    def _accepted(self, payload: bytes, staged: Any) -> tuple[str | None, Any, bytes]:
+        """(lock held) A checked batch's answer: the payload, or why it is too big; its new
+        columns are reserved only when it is accepted."""
+        if len(payload) > self.config.max_payload_bytes:
+            return (f"encoded batch is {len(payload)} bytes, above max_payload_bytes"
+                    f" {self.config.max_payload_bytes}"), [], b""
+        self._add_columns(staged.added)
+        return None, staged, payload
+
     def _prepared(self, body: bytes, request_id: str | None, rows: Any,
                   added: dict[str, dict[str, str]]) -> tuple[str | None, Any, bytes]:
         """prepare_raw's answer for checked rows (lock held): the payload, or the reason
@@ -262,17 +313,17 @@ class Vnode:
                 self.applied_version = version
                 self.applied_epoch = max(self.applied_epoch, epoch)
                 return True
-            staged = R.decode_staged(payload, self.config.max_payload_bytes, self._schemas)
+            staged = I.decode_staged(payload, self.config.max_payload_bytes, self._schemas)
             if staged is not None:
                 self._apply_locked(version, epoch, staged, staged.added, len(payload))
             else:
-                rows, added, conflict = R.decode_checked(payload, version,
+                rows, added, conflict = I.decode_checked(payload, version,
                                                          self.config.max_payload_bytes,
                                                          self._schemas)
                 if conflict is not None:
                     raise ApplyError(f"version {version}: cannot apply: {conflict}")
                 self._apply_locked(version, epoch, rows, added, len(payload))
-            if payload[3] == R.PAYLOAD_FORMAT_RID:
+            if payload[3] in R.RID_FORMATS:
                 rid = R.payload_request_id(payload)
                 if rid is not None:
                     self._note_rid(rid, version)

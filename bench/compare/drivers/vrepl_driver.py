@@ -43,9 +43,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import jsonline
 from vrepl.child import node_argv
+from vrepl.client import ARROW_END_OF_STREAM
 
+from .. import jsonline
 from ..procs import ProcessRegistry, bench_module_argv, free_ports
 from .base import Driver, FsyncSetting, LatencySpec, ThroughputSpec
 
@@ -90,39 +91,128 @@ def _row(key: bytes, b64: bytes) -> bytes:
 
 
 class VreplHttpClient:
-    """A bench Client over vrepl.client.Client: a write or a batch is one confirmed request."""
+    """A bench Client over vrepl.client.Client: a write or a batch is one confirmed request.
+    `request_ids=False` posts without a request id (payload format 1, no dedup entry) and
+    `plain_values=True` sends a 70-byte plain string instead of the base64 value: the two
+    variants bench/profile_client.py uses to split the client path's cost (docs/perf.md)."""
 
-    def __init__(self, endpoints: list[str], vgroup: int):
+    def __init__(self, endpoints: list[str], vgroup: int, request_ids: bool = True,
+                 plain_values: bool = False):
         from vrepl.client import Client
-        self.client = Client(endpoints, timeout_s=10.0)
+        self.client = Client(endpoints, timeout_s=10.0, binary=False)
         self.vgroup = vgroup
+        self.request_ids = request_ids
+        self.plain_values = plain_values
         self._value: bytes | None = None
         self._b64 = b""
 
     def _enc(self, value: bytes) -> bytes:
         if value is not self._value:
-            self._value, self._b64 = value, base64.b64encode(value)
+            self._value = value
+            self._b64 = b"x" * 70 if self.plain_values else base64.b64encode(value)
         return self._b64
 
+    def _post(self, body: bytes) -> None:
+        if self.request_ids:
+            self.client.write(self.vgroup, body)
+            return
+        ep = self.client._master.get(self.vgroup) or self.client.find_master(self.vgroup)
+        code, doc = self.client.request(ep or self.client.nodes[0], "POST",
+                                        f"/v1/vgroups/{self.vgroup}/write", body)
+        if code != 200:
+            raise RuntimeError(f"{code} {doc.get('error')}")
+
     def write_one(self, key: bytes, value: bytes) -> None:
-        self.client.write(self.vgroup, b"[" + _row(key, self._enc(value)) + b"]")
+        self._post(b"[" + _row(key, self._enc(value)) + b"]")
 
     def write_batch(self, items: list[tuple[bytes, bytes]]) -> None:
         enc = self._enc
-        self.client.write(self.vgroup, b"[" + b",".join([_row(k, enc(v)) for k, v in items])
-                          + b"]")
+        self._post(b"[" + b",".join([_row(k, enc(v)) for k, v in items]) + b"]")
 
     def close(self) -> None:
         self.client.close()
 
 
 class VreplHttpClientFactory:
-    def __init__(self, endpoints: list[str], vgroup: int):
+    def __init__(self, endpoints: list[str], vgroup: int, **options):
         self.endpoints = endpoints
         self.vgroup = vgroup
+        self.options = options
 
     def __call__(self) -> VreplHttpClient:
-        return VreplHttpClient(self.endpoints, self.vgroup)
+        return VreplHttpClient(self.endpoints, self.vgroup, **self.options)
+
+
+class VreplArrowClient(VreplHttpClient):
+    """vrepl-client-arrow: the same rows as an Arrow IPC stream (Client.write_arrow): table
+    "c03" in the schema metadata, ts int64, the base64 value a string column."""
+
+    def __init__(self, endpoints: list[str], vgroup: int):
+        super().__init__(endpoints, vgroup)
+        import pyarrow as pa
+        self.pa = pa
+        self.schema: dict[bytes, object] = {}
+
+    def _batch(self, items: list[tuple[bytes, bytes]]) -> bytes:
+        pa = self.pa
+        table = items[0][0][:3]
+        cached = self.schema.get(table)
+        if cached is None:
+            schema = pa.schema([("ts", pa.int64()), ("v", pa.string())],
+                               metadata={"vrepl.table": table})
+            cached = self.schema[table] = (schema, schema.serialize().to_pybytes())
+        schema, head = cached
+        v = self._enc(items[0][1]).decode()
+        batch = pa.record_batch([pa.array([int(k[4:]) for k, _ in items], pa.int64()),
+                                 pa.array([v] * len(items), pa.string())], schema=schema)
+        return head + batch.serialize().to_pybytes() + ARROW_END_OF_STREAM
+
+    def write_one(self, key: bytes, value: bytes) -> None:
+        self.client.write_arrow(self.vgroup, self._batch([(key, value)]))
+
+    def write_batch(self, items: list[tuple[bytes, bytes]]) -> None:
+        self.client.write_arrow(self.vgroup, self._batch(items))
+
+
+class VreplLineClient(VreplHttpClient):
+    """vrepl-client-lp: the same rows as InfluxDB line protocol (`POST /api/v2/write`,
+    precision ms, a token-less node): measurement "c03" (no tags: table "c03"), field v the
+    base64 value, the ts from the key. One request per write or batch, no retry."""
+
+    def __init__(self, endpoints: list[str], vgroup: int):
+        super().__init__(endpoints, vgroup)
+        self.path = f"/api/v2/write?bucket=vg{vgroup}&precision=ms"
+
+    def _post_lines(self, body: bytes) -> None:
+        c = self.client
+        ep = c._master.get(self.vgroup) or c.find_master(self.vgroup)
+        code, doc = c._conn(ep or c.nodes[0]).request("POST", self.path, body, b"text/plain")
+        if code != 204:
+            c._master.pop(self.vgroup, None)
+            raise RuntimeError(f"{code} {doc}")
+
+    def write_one(self, key: bytes, value: bytes) -> None:
+        self._post_lines(b'%s v="%s" %s\n' % (key[:3], self._enc(value), key[4:]))
+
+    def write_batch(self, items: list[tuple[bytes, bytes]]) -> None:
+        v = self._enc(items[0][1])
+        self._post_lines(b"".join([b'%s v="%s" %s\n' % (k[:3], v, k[4:]) for k, _ in items]))
+
+
+class _Factory:
+    def __init__(self, cls, endpoints: list[str], vgroup: int):
+        self.cls, self.endpoints, self.vgroup = cls, endpoints, vgroup
+
+    def __call__(self):
+        return self.cls(self.endpoints, self.vgroup)
+
+
+def VreplArrowClientFactory(endpoints: list[str], vgroup: int) -> _Factory:
+    return _Factory(VreplArrowClient, endpoints, vgroup)
+
+
+def VreplLineClientFactory(endpoints: list[str], vgroup: int) -> _Factory:
+    return _Factory(VreplLineClient, endpoints, vgroup)
 
 
 class VreplClientDriver(Driver):
@@ -172,9 +262,29 @@ class VreplClientDriver(Driver):
             shutil.rmtree(self.data_base, ignore_errors=True)
         self.data_base = None
 
-    def client_factory(self) -> VreplHttpClientFactory:
+    def client_factory(self):
         assert self.cluster is not None
         return VreplHttpClientFactory(self.cluster.endpoints, self.vgroup)
+
+
+class VreplArrowClientDriver(VreplClientDriver):
+    name = "vrepl-client-arrow"
+    client_mode = ("one process per writer, HTTP/1.1 client API with Arrow IPC bodies"
+                   " (vrepl.client.Client.write_arrow)")
+
+    def client_factory(self):
+        assert self.cluster is not None
+        return VreplArrowClientFactory(self.cluster.endpoints, self.vgroup)
+
+
+class VreplLineClientDriver(VreplClientDriver):
+    name = "vrepl-client-lp"
+    client_mode = ("one process per writer, InfluxDB line protocol (POST /api/v2/write,"
+                   " precision ms) on a keep-alive connection")
+
+    def client_factory(self):
+        assert self.cluster is not None
+        return VreplLineClientFactory(self.cluster.endpoints, self.vgroup)
 
 
 # -- vrepl-lib ------------------------------------------------------------------------------------
@@ -275,5 +385,5 @@ class VreplLibThreadsDriver(VreplLibDriver):
 
 
 def vrepl_drivers() -> list[Driver]:
-    return [VreplClientDriver(), VreplLibDriver(), VreplLibOneRecordDriver(),
-            VreplLibThreadsDriver()]
+    return [VreplClientDriver(), VreplArrowClientDriver(), VreplLineClientDriver(),
+            VreplLibDriver(), VreplLibOneRecordDriver(), VreplLibThreadsDriver()]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vrepl.vnode.rows import decode_rows
+from vrepl.vnode.ingest import decode_rows
 
 Record = tuple[int, int, bytes]  # (epoch, version, payload)
 Rows = dict[str, list[dict]]     # table -> rows of one replica, in ts order
