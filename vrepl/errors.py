@@ -360,3 +360,30 @@ class InputError(VreplError, ValueError):
 
 class SparkJobError(VreplError, RuntimeError):
     """Spark could not start or a Spark job failed; the message is one line (no Java trace)."""
+
+
+# -- the sync instance and its transport (vrepl/sync.py, vrepl/transport/)
+
+
+class NotRunningError(VreplError, RuntimeError):
+    """The sync instance is not started, was stopped, or failed (see the message)."""
+
+
+class FlowControlError(VreplError, BufferError):
+    """forward() refused: max_inflight_forwards forwards are queued or unconfirmed. The
+    version was not taken; forward it again later (notify_flow_control said so first)."""
+
+
+class ReconfigError(VreplError, NotImplementedError):
+    """reconfig() was asked for a change this version cannot make (it names which)."""
+
+
+class HandshakeError(VreplError, ConnectionError):
+    """The handshake failed; `reason` says why (logged by the caller, then the connection is
+    closed); `code` is its class for counting (docs/operations.md §Metrics, connection
+    refusals): hello_refused, wrong_secret, bad_handshake."""
+
+    def __init__(self, reason: str, code: str = "bad_handshake"):
+        self.reason = reason
+        self.code = code
+        super().__init__(reason)

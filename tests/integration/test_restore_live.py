@@ -62,7 +62,7 @@ def test_follower_down_while_master_writes_and_recycles_is_restored(tmp_path):
                 m.flush()
         assert m.wait_confirmed(last).describe() == "ok"
         m.flush()
-        wait_for("the master's WAL recycled", lambda: m.inst.store.first_version_or(0) > 1)
+        wait_for("the master's WAL recycled", lambda: m.inst.wal_first_version() > 1)
         for k in range(3000, 3500, 100):  # some records only in the WAL
             last = m.write(rows_for(k, 100))
         m.wait_confirmed(last)
@@ -158,7 +158,7 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
             # recycle all but the last: writes queued together land in one block, one file.
             m.wait_confirmed(last)
         m.flush()
-        wait_for("the WAL recycled below the flush", lambda: m.inst.store.first_version_or(0) > 1)
+        wait_for("the WAL recycled below the flush", lambda: m.inst.wal_first_version() > 1)
         real_send = S.Sender._send_file
         fired = []
 

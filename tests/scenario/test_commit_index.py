@@ -1,5 +1,6 @@
-"""Scenario tests of the commit index (docs/design.md §4.4): Replica objects stepped through
-the deterministic network of simnet.py, checking exact actions by their describe() strings.
+"""Scenario tests of the commit index (docs/design.md §4.4): replicas, each driven by the
+production Driver, stepped through the scripted network (vrepl/testing/scripted.py), checking
+exact actions by their describe() strings.
 
 The commit version says which records the app may archive: on a master, the highest version
 confirmed ok in its own epoch; on a follower, the master's Commit as far as its own log is
@@ -8,7 +9,6 @@ durable and known to match; never below a WAL truncation (project issue 13).
 
 from __future__ import annotations
 
-from simnet import Net
 from test_replica_scenarios import elect, no_logs
 
 from vrepl.replica import (
@@ -22,6 +22,7 @@ from vrepl.replica import (
     TruncateRequest,
     WalPersisted,
 )
+from vrepl.testing.scripted import Net
 
 
 def commit_then_cut_master(versions: int) -> Net:

@@ -1,4 +1,5 @@
-"""Scenario tests: Replica objects stepped through a deterministic network (simnet.py).
+"""Scenario tests: replicas, each driven by the production Driver (vrepl/driver/), stepped
+through the scripted network of vrepl/testing/scripted.py.
 
 Each test chooses the message interleaving, then checks exact actions through their
 describe() strings, or end states (roles, logs, confirmations). Regression tests named in
@@ -8,7 +9,7 @@ issue 3 cite the docs/design.md section they check.
 from __future__ import annotations
 
 import pytest
-from simnet import Net
+from vrepl.testing.scripted import Net
 
 from vrepl.replica import (
     AppAcked,

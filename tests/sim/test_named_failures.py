@@ -128,7 +128,9 @@ def test_deposed_master_with_higher_version_of_unconfirmed_writes_discards_suffi
         w.run_ticks(1)
     new = elect_other(w, old.node)
     w.submit(new, 1)
-    w.run_ticks(10)
+    # The new master's write reaches its majority (a slow message may hold it for a while):
+    # only then is the deposed master's suffix certain to lose.
+    assert wait_for(w, lambda: not new.outstanding, 100), "the new master's write was not confirmed"
     assert len(old.wal) > len(new.wal), "the deposed master should hold the higher version"
     assert stale and stale[-1].version > len(new.wal)
     w.run_liveness()

@@ -4,7 +4,6 @@ has one epoch, per record when it spans an epoch change."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 from vrepl.node.ingest import Rounds
 from vrepl.node.vgroup import VgroupHost
@@ -26,10 +25,15 @@ class FakeVnode:
 
 
 class FakeSync:
+    """The SyncInstance calls the apply path uses: record_epoch() answers from an epoch history."""
+
     def __init__(self, pairs) -> None:
-        self.replica = SimpleNamespace(history=EpochHistory(pairs))
+        self.history = EpochHistory(pairs)
         self.acks: list[tuple] = []
         self.committed_version = 0
+
+    def record_epoch(self, version: int) -> int:
+        return int(self.history.epoch_at(version))
 
     def ack_forward(self, version, *status) -> None:
         self.acks.append((version, *status))

@@ -222,9 +222,7 @@ class NodeCollector:
             flush_errors.add_metric([v], vg.flush_errors)
             mem_rows.add_metric([v], vst["memtable_rows"])
             mem_bytes.add_metric([v], vst["memtable_bytes"])
-            nt = getattr(sync, "nt", None)
-            if nt is not None:
-                refusals = nt.refusals   # one transport per node: every vgroup shares it
+            refusals = sync.connection_refusals() or refusals  # one server per node: shared
         yield from (role, epoch, master, *versions.values(), connected, heard, acked, lag_v, lag_s,
                     forwards, forward_bytes, refused, confirmed, queued, flow, wal_bytes, commits,
                     role_changes, epochs, won, r_started, r_ended, r_bytes, r_records, writes, rows,

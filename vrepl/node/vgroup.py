@@ -32,7 +32,7 @@ from vrepl.node import selfrestore
 from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.ingest import IngestError, IngestFile, IngestResult, Rounds
 from vrepl.node.http import Response, error
-from vrepl.replica import NO_NODE, AckStatus, ConfirmStatus, invariant
+from vrepl.replica import AckStatus, ConfirmStatus, invariant
 from vrepl.restore import recover_interrupted_swap
 from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance, SyncObservers
 from vrepl.vnode import Vnode
@@ -210,9 +210,9 @@ class VgroupHost:
         # The sync layer logs the change (event role_change, docs/operations.md §Logs).
         log.debug("vg%d n%d: role %s, epoch %d, master %s", self.id, self.node_id, role, epoch,
                   master)
-        if role == "master" and self.sync is not None and self.sync.replica is not None:
+        if role == "master" and self.sync is not None:
             # Versions continue the log: a new master's WAL ends where its slave WAL ended.
-            self.next_version = self.sync.replica.last_version + 1
+            self.next_version = self.sync.last_version() + 1
             self._forward_noop(epoch)
 
     def _forward_noop(self, epoch: int) -> None:
@@ -240,7 +240,7 @@ class VgroupHost:
         # write_to_cache_batch does not pass the record epochs (the WriteToCacheBatch action
         # has them): read them from the replica's epoch history, on this same thread.
         try:
-            return int(self.sync.replica.history.epoch_at(version))  # type: ignore[union-attr]
+            return self.sync.record_epoch(version)  # type: ignore[union-attr]
         except Exception:
             return self.epoch
 
@@ -400,12 +400,10 @@ class VgroupHost:
         """This node's role and master as the replication core has them at this moment. The
         core reports a step-down's outcomes (FAILED) before it notifies the new role, so
         while _confirm answers, self.role and self.master still say master."""
-        r = self.sync.replica if self.sync is not None else None
         if self.stopping:
             return "stopping", None
-        if r is None or self.state != SERVING:
-            return self.role, self.master
-        return r.role.describe(), (None if r.master == NO_NODE else r.master)
+        now = self.sync.role_now() if self.sync is not None and self.state == SERVING else None
+        return now if now is not None else (self.role, self.master)
 
     def _not_master(self) -> Response:
         self.counters["writes_not_master"] += 1

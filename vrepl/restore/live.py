@@ -1,51 +1,87 @@
-"""Restore sessions run by a sync instance (docs/restore.md §In a sync instance).
+"""Restore sessions run by a sync instance, each on its own thread (docs/restore.md).
 
-Owns: `SenderSession` — on the master, one thread per session that waits for a slot of the
-node's RestoreLimiter, opens the sync connection to the follower (kind SYNC, authenticated
-like a peer connection; seed: master以client的身份, 向vnode B主动建立一新的专用于同步的TCP连接), or
-takes a detached BACKUP connection a `vrepl restore` tool opened, and runs a Sender; and
+Owns: `RestoreHost`, the interface a session needs from the replica's side (the driver's
+`ReplicaRestore`, vrepl/driver/restoring.py: checks and events, answered on the I/O thread);
+`SessionOwner`, what a session needs from its registry (vrepl/restore/sessions.py);
+`SenderSession` — on the master, one thread per session that waits for a slot of the node's
+RestoreLimiter, opens the sync connection to the follower (kind SYNC, authenticated like a
+peer connection; seed: master以client的身份, 向vnode B主动建立一新的专用于同步的TCP连接), or takes a
+detached BACKUP connection a `vrepl restore` tool opened, and runs a Sender; and
 `ReceiverSession` — on the follower, the thread that runs a Receiver over the sync connection
-the master opened, feeding restored records into the replica on the I/O thread
-(`LiveSink`). Everything that touches the replica goes through the instance's I/O thread
-(`io.call` / `call_soon_threadsafe`), so the replica stays single-threaded.
+the master opened, feeding restored records to the replica on the I/O thread. Everything
+that touches the replica goes through the host on the I/O thread (`owner.call` /
+`owner.post`), so the replica stays single-threaded.
 Must not: block the I/O thread; hold the replica's state across calls.
 """
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
-from vrepl._core import wire as _wire
+from vrepl.config import ReplicaAddress, SyncConfig
 from vrepl.errors import FrameError
-from vrepl.replica import (
-    ForwardBatch,
-    LogRebased,
-    PeerRestoreCaughtUp,
-    PeerRestoreFailed,
-    RestoreBegun,
-    RestoredRecords,
-    RestoreEnded,
-    Role,
-)
 from vrepl.restore import protocol as P
+from vrepl.restore.config import RestoreConfig
 from vrepl.restore.errors import BadData, PeerError, RestoreError
 from vrepl.restore.receiver import Receiver
 from vrepl.restore.sender import Sender, SenderOptions
 from vrepl.restore.stream import SyncStream, connect_sync
 from vrepl.transport.codec import ConnKind
 
-if TYPE_CHECKING:
-    from vrepl.sync import SyncInstance
-
 log = logging.getLogger("vrepl.restore")
-_U64 = struct.Struct("<Q")
+WAIT = "wait"  # RestoreHost.begin_refusal: no SyncStart yet, ask again
 
 
-def _file_info(inst: "SyncInstance", index: int, name: str | None = None) -> tuple[str, int, int] | None:
-    fn = inst.cb.get_file_info
+class RestoreHost(Protocol):
+    """The replica's side of a restore (vrepl/driver/restoring.py), on the I/O thread.
+    Validation returns a reason (None: done)."""
+
+    def log_end(self) -> tuple[int, int]: ...
+    def last_version(self) -> int: ...
+    def stop_reason(self, node: int | None, epoch: int) -> str | None: ...
+    def history_upto(self, version: int) -> "tuple[int, tuple[tuple[int, int], ...]] | str": ...
+    def caught_up(self, node: int) -> int: ...
+    def sender_failed(self, node: int, reason: str) -> None: ...
+    def begin_refusal(self, node: int, epoch: int) -> str | None: ...
+    def restoring_refusal(self, node: int) -> str | None: ...
+    def wal_from(self, app_version: int) -> int: ...
+    def rebase_refusal(self, base: int, prev_epoch: int) -> str | None: ...
+    def rebase(self, node: int, base: int, prev_epoch: int, history: tuple[tuple[int, int], ...]) -> str | None: ...
+    def feed(self, node: int, block: bytes, scan: Any, prev_epoch: int) -> str | None: ...
+    def end(self, node: int, last_version: int) -> "int | str": ...
+    def receiver_failed(self, node: int, reason: str) -> None: ...
+
+
+class SessionOwner(Protocol):
+    """What a session needs from its registry (vrepl/restore/sessions.py)."""
+
+    cfg: SyncConfig
+    restore_cfg: RestoreConfig
+    cb: Any  # SyncCallbacks: get_file_info, notify_file_synced, get_version, file_magic, notify_restore
+    host: RestoreHost
+    node: int
+    addr_by_node: dict[int, ReplicaAddress]
+    limiter: Any
+    counters: dict[str, int]
+    last_error: str
+
+    def call(self, fn: Callable[[], Any]) -> Any: ...
+    def post(self, fn: Callable[[], Any]) -> None: ...
+    def running(self) -> bool: ...
+    def wal_first_version(self, default: int) -> int: ...
+    def durable_version(self) -> int: ...
+    def log_prefix(self) -> str: ...
+    def notify(self, fn: Any, *args: Any) -> None: ...
+    def is_current_sender(self, session: "SenderSession") -> bool: ...
+    def is_current_receiver(self, session: "ReceiverSession") -> bool: ...
+    def ended(self, session: Any) -> None: ...
+
+
+def file_info(cb: Any, index: int, name: str | None = None) -> tuple[str, int, int] | None:
+    """The app's getFileInfo as (name, size, magic), None when magic is 0 (no more files)."""
+    fn = cb.get_file_info
     if fn is None:
         return None
     try:
@@ -58,10 +94,6 @@ def _file_info(inst: "SyncInstance", index: int, name: str | None = None) -> tup
     return str(info.name), int(info.size), magic
 
 
-# =============================================================================================
-# The side that has the data
-
-
 def _ms_since(t0: float) -> int:
     return round((time.monotonic() - t0) * 1000)
 
@@ -71,12 +103,25 @@ def _end_event(side: str, result: str, took_ms: int) -> dict:
     return {"event": "restore_end", "side": side, "result": result, "duration_ms": took_ms}
 
 
-class SenderSession:
-    """A retrieve session on this node: to a follower (SYNC) or for a tool (BACKUP)."""
+def _answer(result: Any) -> Any:
+    """A host answer that is a reason (str) becomes a RestoreError."""
+    if isinstance(result, str):
+        raise RestoreError(result)
+    return result
 
-    def __init__(self, inst: "SyncInstance", node: int | None, *, first_version: int = 0,
+
+# =============================================================================================
+# The side that has the data
+
+
+class SenderSession:
+    """A retrieve session on this node: to a follower (SYNC) or for a tool (BACKUP). It is
+    the Sender's Source (vrepl/restore/sender.py)."""
+
+    def __init__(self, owner: SessionOwner, node: int | None, *, first_version: int = 0,
                  stream: SyncStream | None = None) -> None:
-        self.inst = inst
+        self.owner = owner
+        self.host = owner.host
         self.node = node  # the follower (SYNC); None for a tool (BACKUP)
         self.kind = ConnKind.SYNC if stream is None else ConnKind.BACKUP
         self.first_version = first_version
@@ -88,81 +133,50 @@ class SenderSession:
         self.error = ""
         self.done = threading.Event()
         who = f"n{node}" if node is not None else f"tool {stream.peer if stream else '?'}"
-        self.name = f"{inst.log_prefix()}: restore of {who}"
-        self.thread = threading.Thread(target=self._main, name=f"vrepl-restore-vg{inst.cfg.vgroup_id}-{who}",
+        self.name = f"{owner.log_prefix()}: restore of {who}"
+        self.thread = threading.Thread(target=self._main, name=f"vrepl-restore-vg{owner.cfg.vgroup_id}-{who}",
                                        daemon=True)
+        self.data_path = owner.cfg.data_path
+        self.wal_dir = f"{owner.cfg.data_path}/wal"
+        self.max_record_bytes = owner.cfg.max_record_bytes
 
     # -- Source (see vrepl/restore/sender.py) -----------------------------------------------------
 
-    @property
-    def data_path(self) -> str:
-        return self.inst.cfg.data_path
-
-    @property
-    def wal_dir(self) -> str:
-        return self.inst.wal_dir
-
-    @property
-    def max_record_bytes(self) -> int:
-        return self.inst.cfg.record_max_bytes
-
     def file_info(self, index: int) -> tuple[str, int, int] | None:
-        return _file_info(self.inst, index)
+        return file_info(self.owner.cb, index)
 
     def begin(self) -> tuple[int, int]:
         def now() -> tuple[int, int]:
-            r = self.inst.replica
-            assert r is not None
-            if self.kind == ConnKind.SYNC and r.role != Role.MASTER:
-                raise RestoreError("this node is no longer master")
-            return r.promised_epoch, r.last_version
-        self.epoch, last = self.inst.io.call(now)
+            _answer(self.host.stop_reason(self.node, 0))
+            return self.host.log_end()
+        self.epoch, last = self.owner.call(now)
         return self.epoch, last
 
     def history_upto(self, version: int) -> tuple[int, tuple[tuple[int, int], ...]]:
-        def now() -> tuple[int, tuple[tuple[int, int], ...]]:
-            r = self.inst.replica
-            assert r is not None
-            if version > r.last_version:
-                raise RestoreError(f"the receiver asks for v{version + 1}, beyond this log's end v{r.last_version}",
-                                   restart=False)
-            pairs = tuple(p for p in r.history.pairs() if p[1] <= version)[-P.MAX_HISTORY_PAIRS:]
-            return r.history.epoch_at(version), pairs
-        return self.inst.io.call(now)
+        answer = self.owner.call(lambda: self.host.history_upto(version))
+        if isinstance(answer, str):
+            raise RestoreError(answer, restart=False)
+        epoch, pairs = answer
+        return epoch, pairs[-P.MAX_HISTORY_PAIRS:]
 
     def switch_to_live(self) -> int:
-        if self.kind == ConnKind.BACKUP:
-            return self.inst.io.call(lambda: self.inst.replica.last_version)
+        if self.node is None:
+            return self.owner.call(self.host.last_version)
 
         def now() -> int:
-            r = self.inst.replica
-            assert r is not None and self.node is not None
-            reason = self.stop_reason()
-            if reason:
-                raise RestoreError(reason)
-            self.inst._step(PeerRestoreCaughtUp(self.node))
-            # Forwards of later versions go live; read the end before the queued ones run.
-            switched_at = r.last_version
-            self.inst._after()
-            return switched_at
-        return self.inst.io.call(now)
+            _answer(self.stop_reason())
+            return self.host.caught_up(self.node)  # type: ignore[arg-type]
+        return self.owner.call(now)
 
     def last_version(self) -> int:
-        r = self.inst.replica
-        return r.last_version if r is not None else 0
+        return self.host.last_version()  # a plain read: may be slightly stale
 
     def stop_reason(self) -> str | None:
         if self.cancelled:
             return self.cancel_reason or "cancelled"
-        if self.inst._state != "running":
-            return f"the sync instance is {self.inst._state}"
-        if self.kind == ConnKind.SYNC:
-            r = self.inst.replica
-            if r is None or r.role != Role.MASTER or (self.epoch and r.promised_epoch != self.epoch):
-                return "this node is no longer master of that epoch"
-            if self.node not in self.inst._conns:
-                return f"n{self.node} is not connected any more"
-        return None
+        if not self.owner.running():
+            return "the sync instance is not running"
+        return self.host.stop_reason(self.node, self.epoch)
 
     # -- the thread -------------------------------------------------------------------------------
 
@@ -176,9 +190,9 @@ class SenderSession:
             self.stream.close()
 
     def _main(self) -> None:
-        inst = self.inst
-        rc = inst.restore_cfg
-        limiter = inst.nt.restore_limiter if inst.nt is not None else None
+        owner = self.owner
+        rc = owner.restore_cfg
+        limiter = owner.limiter
         acquired = False
         t0 = time.monotonic()
         try:
@@ -190,28 +204,28 @@ class SenderSession:
                 return
             files = True
             if self.kind == ConnKind.SYNC:
-                addr = inst._addr_by_node[self.node]  # type: ignore[index]
-                self.stream = connect_sync(addr.host, addr.port, secret=inst.cfg.secret, kind=ConnKind.SYNC,
-                                           vgroup_id=inst.cfg.vgroup_id, node=inst.node, target_node=self.node,  # type: ignore[arg-type]
+                addr = owner.addr_by_node[self.node]  # type: ignore[index]
+                self.stream = connect_sync(addr.host, addr.port, secret=owner.cfg.secret, kind=ConnKind.SYNC,
+                                           vgroup_id=owner.cfg.vgroup_id, node=owner.node, target_node=self.node,  # type: ignore[arg-type]
                                            timeout_s=rc.connect_timeout_s, io_timeout_s=rc.io_timeout_s)
                 if self.cancelled:
                     return
                 # Files only when the WAL no longer holds what the follower lacks (recycled
                 # after a flush): otherwise the WAL alone is the cheaper and exact way.
-                files = inst.store.first_version_or(self.last_version() + 1) > self.first_version  # type: ignore[union-attr]
+                files = owner.wal_first_version(self.last_version() + 1) > self.first_version
             opts = SenderOptions(live=self.kind == ConnKind.SYNC, files=files,
                                  switch_lag_versions=rc.switch_lag_versions, wal_wait_s=rc.wal_wait_s,
                                  poll=rc.poll, poll_interval_s=rc.poll_interval_s)
             self.sender = Sender(self, opts, name=self.name)
             log.info("%s: begins (%s)", self.name, "files + WAL" if files else "WAL",
                      extra={"event": "restore_start", "side": "sender"})
-            inst.restore_counters["sender_sessions"] += 1
+            owner.counters["sender_sessions"] += 1
             last = self.sender.run(self.stream)
             st = self.sender.stats
-            inst.restore_counters["sender_ok"] += 1
-            inst.restore_counters["files_sent"] += st.files_sent
-            inst.restore_counters["file_bytes_sent"] += st.file_bytes_sent
-            inst.restore_counters["wal_records_sent"] += st.wal_records_sent
+            owner.counters["sender_ok"] += 1
+            owner.counters["files_sent"] += st.files_sent
+            owner.counters["file_bytes_sent"] += st.file_bytes_sent
+            owner.counters["wal_records_sent"] += st.wal_records_sent
             took_ms = _ms_since(t0)
             log.info("%s: done in %d ms: %d/%d files sent (%d bytes), %d WAL records (%d bytes), receiver at v%d",
                      self.name, took_ms, st.files_sent, st.files_checked, st.file_bytes_sent,
@@ -223,21 +237,20 @@ class SenderSession:
                 log.info("%s: cancelled after %d ms: %s", self.name, _ms_since(t0), self.cancel_reason,
                          extra=_end_event("sender", "cancelled", _ms_since(t0)))
                 return
-            inst.restore_counters["sender_failed"] += 1
+            owner.counters["sender_failed"] += 1
             log.warning("%s: failed after %d ms: %s", self.name, _ms_since(t0), exc,
                         extra=_end_event("sender", "failed", _ms_since(t0)))
             if self.stream is not None and not isinstance(exc, PeerError):
                 self.stream.send_error(str(exc))
-            if self.kind == ConnKind.SYNC and inst._state == "running":
+            if self.kind == ConnKind.SYNC and owner.running():
                 node = self.node
                 reason = str(exc)[:200]
 
                 def failed() -> None:
-                    if inst._sender_sessions.get(node) is self:  # type: ignore[arg-type]
-                        inst._step(PeerRestoreFailed(node, reason))  # type: ignore[arg-type]
-                        inst._after()
+                    if owner.is_current_sender(self):
+                        self.host.sender_failed(node, reason)  # type: ignore[arg-type]
                 try:
-                    inst.io.call(failed)
+                    owner.call(failed)
                 except Exception:
                     pass
         except Exception:
@@ -249,7 +262,7 @@ class SenderSession:
                 self.sender.close()
             if self.stream is not None:
                 self.stream.close()
-            inst._session_ended(self)
+            owner.ended(self)
             self.done.set()
 
 
@@ -258,27 +271,27 @@ class SenderSession:
 
 
 class ReceiverSession:
-    """The restore the master opened to this follower; `LiveSink` feeds the replica."""
+    """The restore the master opened to this follower; it is the Receiver's Sink
+    (vrepl/restore/receiver.py), feeding the replica on the I/O thread."""
 
-    def __init__(self, inst: "SyncInstance", node: int, stream: SyncStream) -> None:
-        self.inst = inst
+    def __init__(self, owner: SessionOwner, node: int, stream: SyncStream) -> None:
+        self.owner = owner
+        self.host = owner.host
         self.node = node
         self.stream = stream
         self.cancelled = False
         self.cancel_reason = ""
         self.receiver: Receiver | None = None
         self.done = threading.Event()
-        self.name = f"{inst.log_prefix()}: restore from n{node}"
-        # LiveSink state
-        self.data_path = inst.cfg.data_path
+        self.name = f"{owner.log_prefix()}: restore from n{node}"
+        self.data_path = owner.cfg.data_path
         self.epoch = 0
-        self.files_synced_flag = False
         self.prev_epoch = 0
         self.error: str | None = None
         self.fed_version = 0
-        self._inflight = threading.BoundedSemaphore(inst.restore_cfg.max_inflight_feeds)
-        self.thread = threading.Thread(target=self._main, name=f"vrepl-restore-vg{inst.cfg.vgroup_id}-from-n{node}",
-                                       daemon=True)
+        self._inflight = threading.BoundedSemaphore(owner.restore_cfg.max_inflight_feeds)
+        self.thread = threading.Thread(target=self._main,
+                                       name=f"vrepl-restore-vg{owner.cfg.vgroup_id}-from-n{node}", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
@@ -290,52 +303,42 @@ class ReceiverSession:
 
     # -- Sink (see vrepl/restore/receiver.py) -----------------------------------------------------
 
-    def _on_loop(self, fn):
-        return self.inst.io.call(fn)
+    def _current(self) -> None:
+        if not self.owner.is_current_receiver(self):
+            raise RestoreError("replaced by a newer restore session")
 
     def on_begin(self, begin: P.SyncBegin) -> None:
-        rc = self.inst.restore_cfg
         self.epoch = begin.epoch
-        deadline = time.monotonic() + rc.begin_wait_s
+        deadline = time.monotonic() + self.owner.restore_cfg.begin_wait_s
 
         def try_begin() -> str | None:
-            r = self.inst.replica
-            assert r is not None
-            if self.inst._receiver_session is not self:
+            if not self.owner.is_current_receiver(self):
                 return "replaced by a newer session"
-            following = r.role in (Role.SLAVE, Role.SYNCING) and r.master == self.node and r.promised_epoch == begin.epoch
-            if not following:
-                return f"not following n{self.node} in e{begin.epoch} (role {r.role.describe()}, e{r.promised_epoch})"
-            if not r.sync_started:
-                return "wait"
-            self.inst._step(RestoreBegun(self.node, begin.epoch))
-            self.inst._after()
-            return None if r.restoring else "the replica refused the restore"
+            return self.host.begin_refusal(self.node, begin.epoch)
 
         while True:
-            why = self._on_loop(try_begin)
+            why = self.owner.call(try_begin)
             if why is None:
                 return
-            if why != "wait" or time.monotonic() > deadline:
-                raise RestoreError(f"cannot restore from n{self.node}: {why if why != 'wait' else 'no SyncStart arrived'}")
+            if why != WAIT or time.monotonic() > deadline:
+                raise RestoreError(f"cannot restore from n{self.node}: {why if why != WAIT else 'no SyncStart arrived'}")
             time.sleep(0.01)
 
     def own_file(self, index: int, name: str) -> tuple[int, int] | None:
-        info = _file_info(self.inst, index, name)
+        info = file_info(self.owner.cb, index, name)
         return None if info is None else (info[1], info[2])
 
     def own_files(self) -> list[str]:
         names, i = [], 0
         while True:
-            info = _file_info(self.inst, i)
+            info = file_info(self.owner.cb, i)
             if info is None:
                 return names
             names.append(info[0])
             i += 1
 
     def files_synced(self) -> None:
-        self.files_synced_flag = True
-        fn = self.inst.cb.notify_file_synced
+        fn = self.owner.cb.notify_file_synced
         if fn is not None:
             try:
                 fn()
@@ -343,39 +346,23 @@ class ReceiverSession:
                 raise RestoreError(f"notify_file_synced failed: {exc}", restart=False) from None
 
     def wal_from_version(self) -> int:
-        # The app's version may be beyond the WAL's end: the restored files (or files a
-        # crash left installed before the WAL was reset) hold those versions.
-        app = int(self.inst.cb.get_version()) if self.inst.cb.get_version is not None else 0
-        return self._on_loop(lambda: max(self.inst.replica.last_version, app)) + 1
+        get_version = self.owner.cb.get_version
+        app = int(get_version()) if get_version is not None else 0
+        return self.owner.call(lambda: self.host.wal_from(app))
 
     def on_wal_begin(self, msg: P.WalBegin) -> None:
         base = msg.first_version - 1
         self.prev_epoch = msg.prev_epoch
 
-        def rebase() -> None:
-            r = self.inst.replica
-            assert r is not None
-            self._check_restoring()
-            if base > r.last_version:
-                if not 1 <= msg.prev_epoch <= r.promised_epoch:
-                    # Checked before the WAL is reset: the replica would refuse this rebase.
-                    raise BadData(f"wal_begin at v{msg.first_version} with prev epoch e{msg.prev_epoch},"
-                                  f" outside e1..e{r.promised_epoch}", restart=False)
-                # The files hold every version up to base; the WAL starts after it.
-                self.inst.store.reset(base, msg.prev_epoch)  # type: ignore[union-attr]
-                self.inst._step(LogRebased(msg.prev_epoch, base, msg.history))
-                self.inst._after()
-                if r.last_version != base:
-                    raise RestoreError(f"the replica refused to rebase at v{base}")
-            self.fed_version = r.last_version
-        self._on_loop(rebase)
-
-    def _check_restoring(self) -> None:
-        r = self.inst.replica
-        if self.inst._receiver_session is not self:
-            raise RestoreError("replaced by a newer restore session")
-        if r is None or not r.restoring or r.master != self.node:
-            raise RestoreError("the replica left the restore (it resynced: sync cache overflow or a gap)")
+        def rebase() -> int:
+            self._current()
+            _answer(self.host.restoring_refusal(self.node))
+            bad = self.host.rebase_refusal(base, msg.prev_epoch)
+            if bad:
+                raise BadData(bad, restart=False)
+            _answer(self.host.rebase(self.node, base, msg.prev_epoch, msg.history))
+            return self.host.last_version()
+        self.fed_version = self.owner.call(rebase)
 
     def feed(self, block: bytes, scan: Any) -> None:
         if self.error:
@@ -383,9 +370,8 @@ class ReceiverSession:
         if self.cancelled:
             raise RestoreError(self.cancel_reason or "cancelled")
         # Back-pressure: chunks queued for the I/O thread, and records not yet durable.
-        rc = self.inst.restore_cfg
-        store = self.inst.store
-        while self.fed_version - store.durable_version > rc.max_undurable_versions:  # type: ignore[union-attr]
+        rc = self.owner.restore_cfg
+        while self.fed_version - self.owner.durable_version() > rc.max_undurable_versions:
             if self.error or self.cancelled:
                 raise RestoreError(self.error or self.cancel_reason)
             time.sleep(0.001)
@@ -394,9 +380,8 @@ class ReceiverSession:
         prev_epoch = self.prev_epoch
         self.prev_epoch = int(scan.epochs[-1])
         self.fed_version = int(scan.versions[-1])
-        loop = self.inst.loop
         try:
-            loop.call_soon_threadsafe(self._feed_on_loop, block, scan, prev_epoch)  # type: ignore[union-attr]
+            self.owner.post(lambda: self._feed_on_loop(block, scan, prev_epoch))
         except RuntimeError:
             self._inflight.release()
             raise RestoreError("the sync instance stopped") from None
@@ -405,32 +390,17 @@ class ReceiverSession:
         try:
             if self.error:
                 return
-            self._check_restoring()
-            r = self.inst.replica
-            versions = scan.versions
-            first, last = int(versions[0]), int(versions[-1])
-            if last <= r.last_version:
-                return  # the follower has all of them (seed: 如果小, 直接扔掉)
-            if first > r.last_version + 1:
-                raise RestoreError(f"gap: restored records start at v{first}, the log ends at v{r.last_version}")
-            k = r.last_version + 1 - first
-            if k:
-                prev_epoch = int(scan.epochs[k - 1])
-                block = block[int(scan.offsets[k]):]
-            body = _U64.pack(prev_epoch) + block
-            prev, epochs, payloads, blk = _wire.decode_forward_body(body, first + k, self.inst.cfg.record_max_bytes)
-            batch = ForwardBatch(r.promised_epoch, first + k, prev, epochs, payloads, blk)
-            self.inst._step(RestoredRecords(self.node, batch))
-            self.inst._after()
-            if r.last_version < last:
-                raise RestoreError(f"the replica did not take restored v{first + k}..v{last} (log at v{r.last_version})")
-        except (RestoreError, FrameError) as exc:
-            self.error = self.error or str(exc)
+            if not self.owner.is_current_receiver(self):
+                self.error = "replaced by a newer restore session"
+                return
+            why = self.host.feed(self.node, block, scan, prev_epoch)
+            if why:
+                self.error = self.error or why
         finally:
             self._inflight.release()
 
     def on_wal_end(self, last_version: int) -> int:
-        rc = self.inst.restore_cfg
+        rc = self.owner.restore_cfg
         for _ in range(rc.max_inflight_feeds):  # every queued chunk was handled
             if not self._inflight.acquire(timeout=rc.io_timeout_s):
                 raise RestoreError("the I/O thread did not finish the restored records")
@@ -440,65 +410,59 @@ class ReceiverSession:
             raise RestoreError(self.error)
 
         def end() -> int:
-            r = self.inst.replica
-            self._check_restoring()
-            if r.last_version < last_version:
-                raise RestoreError(f"the WAL stream ended at v{last_version} but the log is at v{r.last_version}")
-            self.inst._step(RestoreEnded(self.node, True))
-            self.inst._after()
-            return r.last_version
-        return self._on_loop(end)
+            self._current()
+            return _answer(self.host.end(self.node, last_version))
+        return self.owner.call(end)
 
     # -- the thread -------------------------------------------------------------------------------
 
     def _main(self) -> None:
-        inst = self.inst
-        rc = inst.restore_cfg
+        owner = self.owner
+        rc = owner.restore_cfg
         t0 = time.monotonic()
         try:
-            inst.restore_counters["receiver_sessions"] += 1
+            owner.counters["receiver_sessions"] += 1
             log.info("%s: begins", self.name, extra={"event": "restore_start", "side": "receiver"})
-            self.receiver = Receiver(self, magic_of=inst.cb.file_magic, fsync=rc.fsync, max_file_bytes=rc.max_file_bytes,
-                                     max_record_bytes=inst.cfg.record_max_bytes, name=self.name)
+            self.receiver = Receiver(self, magic_of=owner.cb.file_magic, fsync=rc.fsync, max_file_bytes=rc.max_file_bytes,
+                                     max_record_bytes=owner.cfg.max_record_bytes, name=self.name)
             last = self.receiver.run(self.stream)
             st = self.receiver.stats
-            inst.restore_counters["receiver_ok"] += 1
-            inst.restore_counters["files_received"] += st.files_received
-            inst.restore_counters["file_bytes_received"] += st.file_bytes_received
-            inst.restore_counters["wal_records_received"] += st.wal_records_received
+            owner.counters["receiver_ok"] += 1
+            owner.counters["files_received"] += st.files_received
+            owner.counters["file_bytes_received"] += st.file_bytes_received
+            owner.counters["wal_records_received"] += st.wal_records_received
             took_ms = _ms_since(t0)
             log.info("%s: done in %d ms at v%d: %d files received (%d bytes, %d same, %d resumed, %d removed),"
                      " %d WAL records", self.name, took_ms, last, st.files_received,
                      st.file_bytes_received, st.files_same, st.files_resumed, st.files_removed, st.wal_records_received,
                      extra=_end_event("receiver", "ok", took_ms))
-            inst._callback(inst.cb.notify_restore, "ok", "")
+            owner.notify(owner.cb.notify_restore, "ok", "")
         except (RestoreError, OSError, FrameError) as exc:
             if self.cancelled:
                 log.info("%s: cancelled after %d ms: %s", self.name, _ms_since(t0), self.cancel_reason,
                          extra=_end_event("receiver", "cancelled", _ms_since(t0)))
                 return
             reason = str(exc)
-            inst.restore_counters["receiver_failed"] += 1
-            inst.last_restore_error = reason
+            owner.counters["receiver_failed"] += 1
+            owner.last_error = reason
             log.error("%s: failed after %d ms: %s", self.name, _ms_since(t0), reason,
                       extra=_end_event("receiver", "failed", _ms_since(t0)))
             if not isinstance(exc, PeerError):
                 self.stream.send_error(reason)
-            inst._callback(inst.cb.notify_restore, "failed", reason)
+            owner.notify(owner.cb.notify_restore, "failed", reason)
             # Retry with a fresh SyncRequest after a pause (a full disk must not spin).
             time.sleep(rc.retry_interval_ms / 1000.0)
 
             def failed() -> None:
-                if inst._receiver_session is self and inst.replica is not None and inst.replica.restoring:
-                    inst._step(RestoreEnded(self.node, False, reason[:200]))
-                    inst._after()
+                if owner.is_current_receiver(self):
+                    self.host.receiver_failed(self.node, reason[:200])
             try:
-                inst.io.call(failed)
+                owner.call(failed)
             except Exception:
                 pass
         except Exception:
             log.exception("%s: failed", self.name)
         finally:
             self.stream.close()
-            inst._session_ended(self)
+            owner.ended(self)
             self.done.set()

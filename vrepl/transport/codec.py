@@ -203,7 +203,7 @@ def encode(msg: WireMessage, block: bytes | None = None) -> bytes:
     t = type(msg)
     if t is ForwardBatch:
         if block is None:
-            block = msg.block or _encode_records(msg.first_version, msg.record_epochs, msg.payloads)
+            block = msg.block or encode_records(msg.first_version, msg.record_epochs, msg.payloads)
         return _wire.encode_forward_frame(MsgType.FORWARD_BATCH, msg.first_version, msg.epoch, msg.prev_epoch, block)
     if t is Forward:
         rec = _rec.encode_record(DATA_MSG_TYPE, msg.version, msg.record_epoch, msg.payload)
@@ -242,7 +242,9 @@ def encode(msg: WireMessage, block: bytes | None = None) -> bytes:
     raise TypeError(f"no wire encoding for {t.__name__}")
 
 
-def _encode_records(first_version: int, epochs: tuple[int, ...], payloads: tuple[bytes, ...]) -> bytes:
+def encode_records(first_version: int, epochs: tuple[int, ...], payloads: tuple[bytes, ...]) -> bytes:
+    """Records first_version.. with these epochs as WAL records (the WAL's and a forward
+    frame's body format): one C call when the epochs are all equal."""
     if epochs and epochs[0] == epochs[-1] and epochs.count(epochs[0]) == len(epochs):
         return _rec.encode_batch(DATA_MSG_TYPE, first_version, epochs[0], payloads)
     return _wire.encode_records(first_version, epochs, payloads, DATA_MSG_TYPE)

@@ -31,24 +31,14 @@ import struct
 from typing import Callable
 
 from vrepl._core.framebuf import FrameBuffer
-from vrepl.errors import FrameError, VreplError
+from vrepl.errors import FrameError, HandshakeError
 from vrepl.transport import codec
 from vrepl.transport.codec import Auth, Challenge, ConnKind, Hello, Welcome
+from vrepl.replica.invariant import invariant
 
 HANDSHAKE_MAX_FRAME_BYTES = 256  # the largest handshake frame payload a server accepts
 DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
 _LABEL = b"vrepl-hello-v1 "
-
-
-class HandshakeError(VreplError, ConnectionError):
-    """The handshake failed; `reason` says why (logged by the caller, then the connection is
-    closed); `code` is its class for counting (docs/operations.md §Metrics, connection
-    refusals): hello_refused, wrong_secret, bad_handshake."""
-
-    def __init__(self, reason: str, code: str = "bad_handshake"):
-        self.reason = reason
-        self.code = code
-        super().__init__(reason)
 
 
 def make_proof(secret: bytes, side: str, hello: Hello, server_node: int, server_nonce: bytes) -> bytes:
@@ -144,7 +134,7 @@ class ServerHandshake:
             proof = make_proof(self.secret, "server", msg, self.node, self.nonce)
             return codec.encode(Challenge(self.node, self.nonce, proof))
         if self._state == "wait_auth" and type(msg) is Auth:
-            assert self.hello is not None
+            invariant(self.hello is not None, "self.hello is not None")
             expected = make_proof(self.secret, "client", self.hello, self.node, self.nonce)
             if not hmac.compare_digest(expected, msg.proof):
                 raise HandshakeError(
@@ -260,7 +250,7 @@ async def server_handshake(
             if out:
                 stream.send_frame(out)
                 await stream.drain()
-        assert hs.hello is not None
+        invariant(hs.hello is not None, "hs.hello is not None")
         return hs.hello
 
     try:

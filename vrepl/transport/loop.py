@@ -1,9 +1,10 @@
 """The I/O thread: one asyncio event loop per process, shared by every sync instance in it.
 
-Owns: starting and stopping the background thread ("vrepl-io") that runs the loop, and the
-two ways the app's threads reach it: `call(fn)` (run a function on the loop thread and wait
-for its result) and `run(coro)` (the same for a coroutine). Both run directly when the caller
-already is the loop thread, so callbacks may call the sync instance's API.
+Owns: starting and stopping the background thread ("vrepl-io") that runs the loop, the two
+ways the app's threads reach it: `call(fn)` (run a function on the loop thread and wait for
+its result) and `run(coro)` (the same for a coroutine), both run directly when the caller
+already is the loop thread, so callbacks may call the sync instance's API; and `TickTimer`,
+the tick clock of a sync instance's driver.
 Must not: hold replication state; everything it runs belongs to the transport.
 """
 
@@ -110,3 +111,44 @@ class IoLoop:
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise VreplError(f"the I/O thread did not finish within {timeout_s} s") from None
+
+
+class TickTimer:
+    """The production clock of a driver (vrepl/driver/ports.py `Clock`): calls
+    `tick(count)` every `tick_ms` on the loop, counted from the start so ticks do not drift;
+    after a stall (SIGSTOP, a long GC) it replays the ticks it missed, at most
+    `max_catch_up_ticks` (enough to expire every timeout)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick_ms: int, max_catch_up_ticks: int = 10_000) -> None:
+        self.loop = loop
+        self.tick_s = tick_ms / 1000.0
+        self.max_catch_up_ticks = max_catch_up_ticks
+        self._handle: asyncio.TimerHandle | None = None
+        self._tick: Callable[[int], Any] | None = None
+        self._t0 = 0.0
+        self._ticks = 0
+
+    def start(self, tick: Callable[[int], Any]) -> None:
+        self._tick = tick
+        self._t0 = self.loop.time()
+        self._ticks = 0
+        self._handle = self.loop.call_at(self._t0 + self.tick_s, self._on_timer)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._tick = None
+
+    def _on_timer(self) -> None:
+        if self._tick is None:
+            return
+        due = int((self.loop.time() - self._t0) / self.tick_s) - self._ticks
+        if due > self.max_catch_up_ticks:
+            # A stall longer than every timeout: replay enough ticks to expire them all.
+            self._t0 += (due - self.max_catch_up_ticks) * self.tick_s
+            due = self.max_catch_up_ticks
+        due = max(due, 1)
+        self._ticks += due
+        self._handle = self.loop.call_at(self._t0 + (self._ticks + 1) * self.tick_s, self._on_timer)
+        self._tick(due)

@@ -1,6 +1,6 @@
 """One TCP server per node for all its vgroups, and the connections it carries.
 
-Owns: `NodeTransport` (the listening socket of one node, the registry of the sync instances
+Owns: `NodeTransport` (the listening socket of one node, the registry of the connection owners
 it serves, the hello checks of the server side) and `Connection` (an asyncio
 BufferedProtocol: TCP_NODELAY, the handshake, reading with recv_into a FrameBuffer's
 writable() view, decoding frames, coalesced writes, bounded send queue with back-pressure).
@@ -12,8 +12,10 @@ checks that the vgroup runs here, else closes). Between two replicas the one wit
 hello, a wrong proof, a frame above the limit, garbage, an unknown message type, a handshake
 that does not finish in time) closes that connection with a logged reason naming vgroup,
 node and epoch; the node keeps serving.
+A connection belongs to a `ConnectionOwner` (declared here; a sync instance's links,
+vrepl/transport/peers.py), which the server side finds by the hello's vgroup.
 Must not: decide anything about replication; a Connection hands decoded messages to its
-sync instance (vrepl/sync.py), which owns the replica.
+owner, which hands them to the driver that owns the replica.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import asyncio
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from vrepl._core.framebuf import FrameBuffer
+from vrepl.config import SyncConfig
 from vrepl.errors import ConfigError, FrameError, ListenError
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
@@ -34,20 +37,7 @@ from vrepl.transport.handshake import (
     HandshakeError,
     ServerHandshake,
 )
-
-if TYPE_CHECKING:
-    from typing import Protocol
-
-    from vrepl.restore.limiter import RestoreLimiter
-
-    class ShipAcceptor(Protocol):
-        """What the transport needs from a node's ship service (vrepl/node/shipreceiver.py)."""
-
-        def hello_refusal(self, hello: codec.Hello) -> str | None: ...
-        def secret_for(self, hello: codec.Hello) -> bytes: ...
-        def on_connection(self, sock: socket.socket, hello: codec.Hello) -> None: ...
-
-    from vrepl.sync import SyncInstance
+from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.transport")
 
@@ -55,11 +45,48 @@ MAX_PENDING_HANDSHAKES = 256  # unauthenticated server-side connections at once
 READ_CHUNK_BYTES = 256 * 1024
 
 
+class ConnectionOwner(Protocol):
+    """What the node transport and a connection need from the vgroup they serve."""
+
+    cfg: SyncConfig
+    node: int
+
+    def log_prefix(self) -> str: ...
+
+    def peer_hello_refusal(self, node: int) -> str | None: ...
+
+    def sync_hello_refusal(self, node: int) -> str | None: ...
+
+    def backup_hello_refusal(self) -> str | None: ...
+
+    def on_connection_ready(self, conn: "Connection") -> None: ...
+
+    def on_connection_lost(self, conn: "Connection") -> None: ...
+
+    def on_messages(self, conn: "Connection", msgs: list) -> None: ...
+
+    def on_send_queue(self, conn: "Connection", paused: bool) -> None: ...
+
+    def on_sync_connection(self, sock: socket.socket, hello: codec.Hello) -> None: ...
+
+    def fetch_hello_refusal(self, node: int) -> str | None: ...
+
+
+class ShipAcceptor(Protocol):
+    """What the transport needs from a node's ship service (vrepl/node/shipreceiver.py)."""
+
+    def hello_refusal(self, hello: codec.Hello) -> str | None: ...
+
+    def secret_for(self, hello: codec.Hello) -> bytes: ...
+
+    def on_connection(self, sock: socket.socket, hello: codec.Hello) -> None: ...
+
+
 class Connection(asyncio.BufferedProtocol):
     """One TCP connection: a peer link of one vgroup, or a replica's arbitrator link.
 
-    Client side: created by the sync instance for a known peer (or the arbitrator).
-    Server side: created by NodeTransport for an unknown caller; bound to an instance and a
+    Client side: created by its owner for a known peer (or the arbitrator).
+    Server side: created by NodeTransport for an unknown caller; bound to an owner and a
     peer node once the hello checks out and the proofs match.
     """
 
@@ -67,16 +94,16 @@ class Connection(asyncio.BufferedProtocol):
         self,
         node_transport: "NodeTransport",
         *,
-        instance: "SyncInstance | None" = None,
+        owner: ConnectionOwner | None = None,
         peer_node: int | None = None,
         kind: int = ConnKind.PEER,
     ) -> None:
         self.nt = node_transport
         self.loop = node_transport.loop
-        self.instance = instance
+        self.owner = owner
         self.peer_node = peer_node
         self.kind = kind
-        self.is_client = instance is not None
+        self.is_client = owner is not None
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.closed = False
@@ -94,12 +121,11 @@ class Connection(asyncio.BufferedProtocol):
         self.bytes_received = 0
         self.frames_sent = 0
         self.frames_received = 0
-        if self.is_client:
-            assert instance is not None
-            self.frames = FrameBuffer(instance.cfg.max_frame_bytes)
+        if owner is not None:
+            self.frames = FrameBuffer(owner.cfg.max_frame_bytes)
             target = codec.ARBITRATOR_NODE_ID if kind == ConnKind.ARBITRATOR else peer_node
             self.hs: ClientHandshake | ServerHandshake = ClientHandshake(
-                instance.cfg.secret, kind, instance.cfg.vgroup_id, instance.node, target  # type: ignore[arg-type]
+                owner.cfg.secret, kind, owner.cfg.vgroup_id, owner.node, target  # type: ignore[arg-type]
             )
         else:
             self.frames = FrameBuffer(HANDSHAKE_MAX_FRAME_BYTES)
@@ -110,8 +136,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def prefix(self) -> str:
         """'vg7 n1 e3' for log lines (vgroup, this node, epoch)."""
-        if self.instance is not None:
-            return self.instance.log_prefix()
+        if self.owner is not None:
+            return self.owner.log_prefix()
         hello = getattr(self.hs, "hello", None)
         vg = f"vg{hello.vgroup_id}" if hello is not None else "vg?"
         return f"{vg} n{self.nt.node} e-"
@@ -133,16 +159,16 @@ class Connection(asyncio.BufferedProtocol):
                 pass
         peer = transport.get_extra_info("peername")
         self.peername = f"{peer[0]}:{peer[1]}" if peer else "?"
-        if self.instance is not None:
-            cfg = self.instance.cfg
+        if self.owner is not None:
+            cfg = self.owner.cfg
             high = cfg.send_queue_high_bytes
         else:
             high = 1024 * 1024
         self.transport.set_write_buffer_limits(high=high, low=high // 4)
-        timeout_s = (self.instance.cfg.handshake_timeout_ms if self.instance else self.nt.handshake_timeout_ms) / 1000
+        timeout_s = (self.owner.cfg.handshake_timeout_ms if self.owner else self.nt.handshake_timeout_ms) / 1000
         self._timer = self.loop.call_later(timeout_s, self._handshake_timeout, timeout_s)
         if self.is_client:
-            assert isinstance(self.hs, ClientHandshake)
+            invariant(isinstance(self.hs, ClientHandshake), "isinstance(self.hs, ClientHandshake)")
             self._write_now(self.hs.start())
         else:
             self.nt.pending_handshakes.add(self)
@@ -187,22 +213,22 @@ class Connection(asyncio.BufferedProtocol):
             self.done.set_result(self.close_reason)
         if self.detached:
             return
-        if self.authenticated and self.instance is not None:
-            self.instance.on_connection_lost(self)
-        elif not was_closed and self.is_client and self.instance is not None:
+        if self.authenticated and self.owner is not None:
+            self.owner.on_connection_lost(self)
+        elif not was_closed and self.is_client and self.owner is not None:
             log.debug("%s: %s closed during handshake: %s", self.prefix(), self.describe(), self.close_reason)
 
     def pause_writing(self) -> None:
         self.paused = True
         self._resumed.clear()
-        if self.instance is not None and self.authenticated:
-            self.instance.on_send_queue(self, True)
+        if self.owner is not None and self.authenticated:
+            self.owner.on_send_queue(self, True)
 
     def resume_writing(self) -> None:
         self.paused = False
         self._resumed.set()
-        if self.instance is not None and self.authenticated:
-            self.instance.on_send_queue(self, False)
+        if self.owner is not None and self.authenticated:
+            self.owner.on_send_queue(self, False)
 
     # -- handshake -----------------------------------------------------------------------------
 
@@ -235,19 +261,19 @@ class Connection(asyncio.BufferedProtocol):
         if not self.is_client:
             self.nt.pending_handshakes.discard(self)
             hello = self.hs.hello  # type: ignore[union-attr]
-            assert hello is not None
+            invariant(hello is not None, "hello is not None")
             if hello.kind == ConnKind.SHIP:
                 # A ship sender (docs/ship.md): its session runs on the node's ship service.
                 if self.frames.buffered:
                     raise HandshakeError(f"{self.frames.buffered} bytes sent before the handshake finished")
                 self._detach_when_flushed(None, hello, 0)
                 return
-            inst = self.nt.instances.get(hello.vgroup_id)
+            inst = self.nt.owners.get(hello.vgroup_id)
             if inst is None:  # stopped while we were shaking hands
                 raise HandshakeError(f"vg{hello.vgroup_id} stopped during the handshake", "hello_refused")
             if self.frames.buffered:
                 raise HandshakeError(f"{self.frames.buffered} bytes sent before the handshake finished")
-            self.instance = inst
+            self.owner = inst
             self.peer_node = hello.node
             if hello.kind in (ConnKind.SYNC, ConnKind.BACKUP, ConnKind.FETCH):
                 # A restore session: bulk, blocking, on its own thread (docs/restore.md).
@@ -256,11 +282,12 @@ class Connection(asyncio.BufferedProtocol):
             self.frames = FrameBuffer(inst.cfg.max_frame_bytes)
             self.transport.set_write_buffer_limits(high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4)  # type: ignore[union-attr]
         self.authenticated = True
-        assert self.instance is not None
-        self.instance.on_connection_ready(self)
+        invariant(self.owner is not None, "self.owner is not None")
+        self.owner.on_connection_ready(self)
 
-    def _detach_when_flushed(self, inst: "SyncInstance | None", hello: codec.Hello, tries: int) -> None:
-        """Hand the socket to the instance's restore code once WELCOME has left; reading
+    def _detach_when_flushed(self, inst: ConnectionOwner | None, hello: codec.Hello, tries: int) -> None:
+        """Hand the socket to the owner's restore code (None: the node's ship service) once
+        WELCOME has left; reading
         stops now, so every later byte stays in the kernel for the new owner."""
         if self.closed or self.transport is None:
             return
@@ -287,9 +314,9 @@ class Connection(asyncio.BufferedProtocol):
     # -- frames --------------------------------------------------------------------------------
 
     def _on_frames(self) -> None:
-        inst = self.instance
-        assert inst is not None
-        max_record = inst.cfg.record_max_bytes
+        inst = self.owner
+        invariant(inst is not None, "inst is not None")
+        max_record = inst.cfg.max_record_bytes
         msgs = []
         frames = self.frames
         while True:
@@ -329,10 +356,10 @@ class Connection(asyncio.BufferedProtocol):
         self.transport.write(data)
         self.bytes_sent += len(data)
         self.frames_sent += len(out)
-        limit = self.instance.cfg.send_queue_max_bytes if self.instance else 1 << 24
+        limit = self.owner.cfg.max_send_queue_bytes if self.owner else 1 << 24
         queued = self.transport.get_write_buffer_size()
         if queued > limit:
-            self.abort(f"send queue holds {queued} bytes, above send_queue_max_bytes {limit}: peer too slow", logging.WARNING)
+            self.abort(f"send queue holds {queued} bytes, above max_send_queue_bytes {limit}: peer too slow", logging.WARNING)
 
     async def writable(self) -> None:
         """Wait until the send queue is below its low-water mark (or the connection closed)."""
@@ -355,7 +382,8 @@ class Connection(asyncio.BufferedProtocol):
 
 
 class NodeTransport:
-    """The TCP server of one node (host:port, node id) and the sync instances it serves."""
+    """The TCP server of one node (host:port, node id) and the vgroups (connection owners)
+    it serves."""
 
     _registry: dict[tuple[str, int], "NodeTransport"] = {}
     # The ship service of the node listening at (host, port) (docs/ship.md §1), set by the
@@ -369,7 +397,7 @@ class NodeTransport:
         self.port = port
         self.secret = secret
         self.handshake_timeout_ms = 5000
-        self.instances: dict[int, "SyncInstance"] = {}
+        self.owners: dict[int, ConnectionOwner] = {}
         self.pending_handshakes: set[Connection] = set()
         self.server: asyncio.AbstractServer | None = None
         self._dirty: list[Connection] = []
@@ -377,17 +405,19 @@ class NodeTransport:
         # Connections closed for what the other side sent, by reason code (HandshakeError.code,
         # handshake_timeout, too_many_handshakes, bad_frame): the refusals metric.
         self.refusals: dict[str, int] = {}
-        self.restore_limiter: "RestoreLimiter | None" = None  # max_concurrent_restores for this node
+        # Per-node state its vgroups share, set by the first that needs it (the restore limiter
+        # of max_concurrent_restores, vrepl/sync.py): it lives as long as this server.
+        self.restore_limiter: Any = None
 
     @classmethod
-    async def acquire(cls, loop: asyncio.AbstractEventLoop, instance: "SyncInstance") -> "NodeTransport":
-        """The node transport for the instance's own address (started on first use)."""
-        me = instance.cfg.me
+    async def acquire(cls, loop: asyncio.AbstractEventLoop, owner: ConnectionOwner) -> "NodeTransport":
+        """The node transport for the owner's own address (started on first use)."""
+        me = owner.cfg.me
         key = (me.host, me.port)
         nt = cls._registry.get(key)
         if nt is None:
-            nt = cls(loop, me.node, me.host, me.port, instance.cfg.secret)
-            nt.handshake_timeout_ms = instance.cfg.handshake_timeout_ms
+            nt = cls(loop, me.node, me.host, me.port, owner.cfg.secret)
+            nt.handshake_timeout_ms = owner.cfg.handshake_timeout_ms
             cls._registry[key] = nt
             try:
                 nt.server = await loop.create_server(
@@ -398,22 +428,19 @@ class NodeTransport:
                 raise ListenError(f"{me.host}:{me.port}", "replication", exc) from None
             log.info("n%d: listening on %s:%d", me.node, me.host, me.port)
         if nt.node != me.node:
-            raise ConfigError(f"{me.host}:{me.port} is node {nt.node}, vg{instance.cfg.vgroup_id} says node {me.node}")
-        if nt.secret != instance.cfg.secret:
-            raise ConfigError(f"vg{instance.cfg.vgroup_id}: the cluster secret differs from the other vgroups on {me.host}:{me.port}")
-        if instance.cfg.vgroup_id in nt.instances:
-            raise ConfigError(f"vg{instance.cfg.vgroup_id} already runs on {me.host}:{me.port}")
-        nt.instances[instance.cfg.vgroup_id] = instance
-        if nt.restore_limiter is None:
-            from vrepl.restore.limiter import RestoreLimiter
-            nt.restore_limiter = RestoreLimiter(instance.restore_cfg.max_concurrent_restores)
+            raise ConfigError(f"{me.host}:{me.port} is node {nt.node}, vg{owner.cfg.vgroup_id} says node {me.node}")
+        if nt.secret != owner.cfg.secret:
+            raise ConfigError(f"vg{owner.cfg.vgroup_id}: the cluster secret differs from the other vgroups on {me.host}:{me.port}")
+        if owner.cfg.vgroup_id in nt.owners:
+            raise ConfigError(f"vg{owner.cfg.vgroup_id} already runs on {me.host}:{me.port}")
+        nt.owners[owner.cfg.vgroup_id] = owner
         return nt
 
-    def release(self, instance: "SyncInstance") -> None:
-        """Forget the instance; the last one closes the server."""
-        if self.instances.get(instance.cfg.vgroup_id) is instance:
-            del self.instances[instance.cfg.vgroup_id]
-        if self.instances:
+    def release(self, owner: ConnectionOwner) -> None:
+        """Forget the owner; the last one closes the server."""
+        if self.owners.get(owner.cfg.vgroup_id) is owner:
+            del self.owners[owner.cfg.vgroup_id]
+        if self.owners:
             return
         self._registry.pop((self.host, self.port), None)
         if self.server is not None:
@@ -447,7 +474,7 @@ class NodeTransport:
             return acceptor.hello_refusal(hello)
         if hello.kind not in (ConnKind.PEER, ConnKind.SYNC, ConnKind.BACKUP, ConnKind.FETCH):
             return f"hello of kind {hello.kind} from n{hello.node}: this node takes peer, sync, backup and fetch connections"
-        inst = self.instances.get(hello.vgroup_id)
+        inst = self.owners.get(hello.vgroup_id)
         if inst is None:
             return f"unknown vgroup {hello.vgroup_id} (hello from n{hello.node})"
         if hello.kind == ConnKind.BACKUP:

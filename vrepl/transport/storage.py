@@ -33,6 +33,7 @@ import numpy as np
 from vrepl import wal as _wal
 from vrepl._core import crc32c as _crc
 from vrepl.errors import VreplError, WalError
+from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.storage")
 
@@ -307,7 +308,7 @@ class WalStore:
                     blocks.append(jobs[i][3])
                     i += 1
                 block = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-                assert self._writer is not None
+                invariant(self._writer is not None, "self._writer is not None")
                 # One write and one fdatasync for everything queued (group commit).
                 observe = self._on_group_commit
                 began = time.perf_counter() if observe is not None else 0.0
@@ -319,7 +320,7 @@ class WalStore:
                 continue
             if job[0] == "truncate":
                 version = job[1]
-                assert self._writer is not None
+                invariant(self._writer is not None, "self._writer is not None")
                 # Report durability of everything written before the cut first (the core
                 # expects every WalPersisted of earlier appends before TruncateDone).
                 self._writer.sync()
@@ -331,14 +332,14 @@ class WalStore:
             elif job[0] == "reset":
                 self._reset(job[1], job[2])
             elif job[0] == "recycle":
-                assert self._writer is not None
+                invariant(self._writer is not None, "self._writer is not None")
                 removed = self._writer.recycle(job[1])
                 if removed:
                     log.info("wal %s: recycled %d files below v%d", self.wal_dir, len(removed), job[1])
             i += 1
 
     def _reset(self, base_version: int, base_epoch: int) -> None:
-        assert self._writer is not None
+        invariant(self._writer is not None, "self._writer is not None")
         self._writer.close()
         for name in os.listdir(self.wal_dir):
             if name.endswith(".wal") or name.endswith(".idx"):
@@ -353,3 +354,90 @@ class WalStore:
         self.durable_version = base_version
         log.warning("wal %s: reset: the log continues after v%d (e%d) held by restored files",
                     self.wal_dir, base_version, base_epoch)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver's Storage port
+
+
+class LoopStorage:
+    """The driver's Storage port (vrepl/driver/ports.py) over its own WalStore (the keyword
+    arguments are the store's): jobs are queued to the WAL thread, and every completion
+    (durable, truncated, a block read back for a stream, a failure) is handed to the I/O
+    thread through `post(fn)`, which calls `fn` there while the instance runs and ends the
+    driver's batch after it. `target` is the driver, bound once it exists; `fail(reason)`
+    stops the instance; `run_in_executor(fn, *args)` runs a blocking read off the loop.
+    """
+
+    def __init__(self, data_path: str, *, post: Callable[..., None], fail: Callable[[str], None],
+                 run_in_executor: Callable[..., object], inline_sync_max_bytes: int = 0, **store_options) -> None:
+        self.store = WalStore(data_path, on_durable=self.on_durable, on_truncated=self.on_truncated,
+                              on_error=self.on_error, **store_options)
+        self.post = post
+        self.fail = fail
+        self.run_in_executor = run_in_executor
+        self.inline_sync_max_bytes = inline_sync_max_bytes
+        self.target: object = None
+        self._readers: dict[int, list] = {}  # reader -> [next version, iterator of WalBlocks]
+
+    # WalStore callbacks (the WAL thread, or the I/O thread from run_inline)
+    def on_durable(self, version: int) -> None:
+        self.post(lambda: self.target.wal_durable(version))  # type: ignore[attr-defined]
+
+    def on_truncated(self, last_epoch: int, last_version: int) -> None:
+        self.post(lambda: self.target.wal_truncated(last_epoch, last_version))  # type: ignore[attr-defined]
+
+    def on_error(self, exc: BaseException) -> None:
+        self.post(lambda: self.fail(f"WAL failed: {exc}"), always=True)
+
+    # -- the port (I/O thread) ------------------------------------------------------------------
+
+    def append(self, first_version: int, last_version: int, block: bytes) -> None:
+        self.store.append(first_version, last_version, block)
+
+    def persist_promise(self, epoch: int, master: int) -> None:
+        self.store.persist_promise(epoch, master)
+
+    def truncate_after(self, version: int) -> None:
+        self.store.truncate_after(version)
+
+    def rebase(self, base_version: int, base_epoch: int) -> None:
+        self.store.reset(base_version, base_epoch)
+
+    def first_version(self) -> int:
+        return self.store.first_version_or(0)
+
+    def read_wal(self, reader: int, from_version: int) -> None:
+        """Read the next block on the default executor (file reads never block the loop)."""
+        state = self._readers.get(reader)
+        if state is None or state[0] != from_version:
+            blocks = _wal.WalReader(self.store.wal_dir, self.store.options.max_record_bytes).iter_blocks(from_version)
+            state = self._readers[reader] = [from_version, blocks]
+        fut = self.run_in_executor(next, state[1], None)
+        fut.add_done_callback(lambda f: self._read_done(reader, state, f))  # type: ignore[attr-defined]
+
+    def _read_done(self, reader: int, state: list, fut) -> None:
+        if fut.cancelled() or self._readers.get(reader) is not state:
+            return
+        exc = fut.exception()
+        if exc is not None:
+            if not isinstance(exc, (WalError, VreplError, OSError)):
+                log.error("wal %s: reading for a stream failed: %r", self.store.wal_dir, exc, exc_info=exc)
+            self.post(lambda: self.target.wal_read_failed(reader, str(exc)))  # type: ignore[attr-defined]
+            return
+        blk = fut.result()
+        if blk is None:
+            self.post(lambda: self.target.wal_block(reader, None, None))  # type: ignore[attr-defined]
+            return
+        state[0] = int(blk.scan.versions[-1]) + 1
+        self.post(lambda: self.target.wal_block(reader, blk.data, blk.scan))  # type: ignore[attr-defined]
+
+    def close_reader(self, reader: int) -> None:
+        self._readers.pop(reader, None)
+
+    def end_batch(self) -> None:
+        """Light load: make this batch's appends durable right here, the frames being on
+        their way already, so the fdatasync overlaps the followers' work
+        (max_wal_inline_sync_bytes, docs/embedding.md §Storage)."""
+        if self.inline_sync_max_bytes:
+            self.store.run_inline(self.inline_sync_max_bytes)

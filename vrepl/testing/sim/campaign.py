@@ -72,6 +72,8 @@ def run_seed(seed: int, opts: SimOptions, profile: str = "default", fixes: bool 
             kind, message = "sim", str(exc)
         except Exception as exc:  # noqa: BLE001 - any crash of the core is a finding
             kind, message = "crash", f"{type(exc).__name__}: {exc}"
+    r = world.restores
+    world.stats.restores, world.stats.restores_ok, world.stats.restores_failed = r.started, r.ended_ok, r.failed
     if not kind:
         world.stats.lost = len(world.history.lost)
     return SeedResult(
@@ -106,6 +108,9 @@ class Summary:
     partitions: int = 0
     flushes: int = 0
     archived: int = 0
+    restores: int = 0
+    restores_ok: int = 0
+    restores_failed: int = 0
     recovery_ticks: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -119,6 +124,9 @@ class Summary:
         self.partitions += s.partitions
         self.flushes += s.flushes
         self.archived += s.archived
+        self.restores += s.restores
+        self.restores_ok += s.restores_ok
+        self.restores_failed += s.restores_failed
         if r.ok:
             self.lost += s.lost
             self.runs_with_loss += 1 if s.lost else 0
@@ -154,6 +162,9 @@ class Summary:
             "partitions": self.partitions,
             "app_flushes": self.flushes,
             "app_rows_archived": self.archived,
+            "restores": self.restores,
+            "restores_ok": self.restores_ok,
+            "restores_failed": self.restores_failed,
             "recovery_ticks_p50": self.percentile(50),
             "recovery_ticks_p99": self.percentile(99),
             "recovery_ticks_max": max(self.recovery_ticks, default=-1),
@@ -169,6 +180,7 @@ class Summary:
             f" confirmed then lost {d['confirmed_lost']} (in {d['runs_with_loss']} runs)",
             f"  elections {d['elections']}, crashes {d['crashes']}, partitions {d['partitions']}",
             f"  app flushes {d['app_flushes']} (flush limit {d['flush_limit']}), rows archived {d['app_rows_archived']}",
+            f"  restore sessions {d['restores']}: {d['restores_ok']} ended ok, {d['restores_failed']} failed",
             f"  ticks to recover after healing: p50 {d['recovery_ticks_p50']}, p99 {d['recovery_ticks_p99']},"
             f" max {d['recovery_ticks_max']}",
             f"  {d['seconds']} s",

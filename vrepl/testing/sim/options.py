@@ -75,6 +75,13 @@ class SimOptions:
     arbitrator_link_cut_rate: float = 0.006
     arbitrator_forgets: bool = False  # a restarted arbitrator loses its lease table
 
+    # Restore (docs/simulation.md §Restore): a follower this many versions or more behind is
+    # brought up by a restore session instead of the in-band stream; each session step may
+    # have its sync connection cut.
+    restore: bool = True
+    restore_min_lag_versions: int = 8
+    restore_cut_rate: float = 0.01
+
     trace_len: int = 60  # events kept for the failure report
 
     @property
@@ -96,7 +103,7 @@ class SimOptions:
 
 
 CALM = dict(
-    crash_rate=0.0, pause_rate=0.0, partition_rate=0.0, link_slow_rate=0.0, conn_loss_rate=0.0,
+    crash_rate=0.0, pause_rate=0.0, partition_rate=0.0, restore_cut_rate=0.0, link_slow_rate=0.0, conn_loss_rate=0.0,
     slow_disk_rate=0.0, slow_message_rate=0.0, arbitrator_crash_rate=0.0, arbitrator_link_cut_rate=0.0,
 )
 HARSH = dict(

@@ -1,65 +1,54 @@
-"""A tiny deterministic network and storage for scenario tests.
+"""A scripted network for scenario tests: the production `Driver` over ports that do nothing
+until the test says so (tests/scenario/).
 
-Steps 2-5 `Replica` objects: executes their actions (a WAL per node as a list of records,
-promises, a FIFO queue per directed link, an arbitrator lease table) and feeds completions
-back as events. Nothing happens unless a test calls deliver()/run()/tick(), so a test
-chooses the exact interleaving it wants. Not a simulator of failures on its own: faults are
-explicit calls (cut, crash, pause).
+Owns: `Net`, 1..n replicas, each a `vrepl.driver.Driver` over scripted ports: a bus whose
+frames (the real wire codec's bytes) wait in one FIFO queue per directed link until the test
+delivers them (`deliver`, `run`), a WAL per node as a list of records that becomes durable when
+the test (or `auto_persist`) says so, an app that acks what it is given (`auto_app_ack`) and
+records confirmations, roles and commits, and an arbitrator lease table. Completions wait in
+`local` until `settle()`/`run()` feed them back through the driver. Nothing happens unless the
+test calls deliver()/settle()/run()/tick(), so a test chooses the exact interleaving it wants,
+and `trace` holds every action the drivers executed (`describe()`), as scenario tests compare.
+Faults are explicit calls (cut, crash, pause).
+Must not: decide anything about replication or execute an action itself: the drivers do.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
+from vrepl.driver import Driver
 from vrepl.replica import (
+    AppForward,
     ArbitratorConnected,
     ArbitratorGranted,
     ArbitratorLost,
     ArbitratorRefused,
     AppAcked,
-    AppForward,
-    CommitAdvanced,
     Config,
-    ConfirmForward,
     ConfirmStatus,
-    Forward,
     LeaseTable,
     Log,
-    NotifyRole,
     PeerConnected,
     PeerDisconnected,
-    PersistPromisedEpoch,
-    PersistRecords,
-    Received,
     Record,
     Replica,
-    RequestArbitratorGrant,
-    ResetConnection,
     Role,
-    Send,
-    StreamWalFrom,
     TruncateDone,
-    TruncateWalAfter,
     WalPersisted,
-    WriteToCache,
 )
-from vrepl.replica.history import EpochHistory
+from vrepl.testing.records import decode_block, encode_block, history_of
+from vrepl.transport import codec
 
 VGROUP = 7
-
-
-def history_of(wal: list[Record]) -> tuple[tuple[int, int], ...]:
-    h = EpochHistory()
-    for rec in wal:
-        h.note_append(rec.epoch, rec.version)
-    return h.pairs()
 
 
 @dataclass
 class SimNode:
     node: int
-    replica: Replica
+    driver: Driver | None = None
     wal: list[Record] = field(default_factory=list)
     durable_version: int = 0
     promise: tuple[int, int] = (0, -1)
@@ -73,11 +62,138 @@ class SimNode:
     arbitrator_link: bool = False
 
     @property
+    def replica(self) -> Replica:
+        assert self.driver is not None
+        return self.driver.replica
+
+    @property
     def role(self) -> Role:
         return self.replica.role
 
     def versions(self) -> list[tuple[int, int]]:
         return [(r.epoch, r.version) for r in self.wal]
+
+
+class _Ports:
+    """One node's Bus, Storage and App over the Net (the driver's ports)."""
+
+    def __init__(self, net: "Net", sn: SimNode) -> None:
+        self.net = net
+        self.sn = sn
+        self.node = sn.node
+
+    # -- Bus
+    def connected(self, node: int) -> bool:
+        return frozenset((self.node, node)) in self.net.links
+
+    def send(self, node: int, frame: bytes) -> None:
+        q = self.net.queues.get((self.node, node))
+        if q is not None:
+            q.append(frame)
+
+    def reset(self, node: int, reason: str) -> bool:
+        key = frozenset((self.node, node))
+        if key not in self.net.links:
+            return False
+        # The other side hears of it now; this side steps PeerDisconnected after its list.
+        self.net.links.discard(key)
+        self.net.queues.pop((self.node, node), None)
+        self.net.queues.pop((node, self.node), None)
+        self.net.step(node, PeerDisconnected(self.node))
+        return True
+
+    def to_arbitrator(self, frame: bytes) -> None:
+        if not self.sn.arbitrator_link:
+            return
+        req = codec.decode_bytes(frame)
+        refusal = self.net.lease.request(VGROUP, self.node, req.epoch, self.net.now_tick)  # type: ignore[union-attr]
+        answer = ArbitratorGranted(req.epoch) if refusal is None else ArbitratorRefused(req.epoch)  # type: ignore[union-attr]
+        self.net.local.append((self.node, answer))
+
+    def reset_arbitrator(self, reason: str) -> bool:
+        return False
+
+    def writable(self, node: int) -> bool:
+        return True
+
+    def congested(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+    # -- Storage
+    def append(self, first_version: int, last_version: int, block: bytes) -> None:
+        sn = self.sn
+        for rec in decode_block(first_version, block):
+            assert rec.version == len(sn.wal) + 1, f"n{self.node} WAL gap at {rec.describe()}"
+            sn.wal.append(rec)
+        if sn.auto_persist:
+            self.net.persist(self.node)
+
+    def persist_promise(self, epoch: int, master: int) -> None:
+        self.sn.promise = (epoch, master)
+
+    def truncate_after(self, version: int) -> None:
+        sn = self.sn
+        # docs/design.md §4.4: committed records are never cut.
+        assert not sn.commits or version >= sn.commits[-1], f"n{self.node} cuts below commit v{sn.commits[-1]}"
+        del sn.wal[version:]
+        sn.durable_version = min(sn.durable_version, version)
+        self.net.local.append((self.node, TruncateDone(sn.wal[-1].epoch if sn.wal else 0, version)))
+
+    def rebase(self, base_version: int, base_epoch: int) -> None:
+        raise AssertionError("the scripted network runs no restore")
+
+    def first_version(self) -> int:
+        return 1 if self.sn.wal else 0
+
+    def read_wal(self, reader: int, from_version: int) -> None:
+        """At once: the page cache holds what was appended."""
+        recs = self.sn.wal[from_version - 1:]
+        d = self.sn.driver
+        assert d is not None
+        if recs:
+            d.wal_block(reader, *encode_block(recs))
+        else:
+            d.wal_block(reader, None, None)
+
+    def close_reader(self, reader: int) -> None:
+        pass
+
+    def end_batch(self) -> None:
+        pass
+
+    # -- App
+    def write_to_cache(self, first_version: int, record_epochs: tuple[int, ...], payloads: tuple[bytes, ...]) -> None:
+        if self.sn.auto_app_ack:
+            self.net.local.append((self.node, AppAcked(first_version + len(payloads) - 1)))
+
+    def confirm_forward(self, first: int, last: int, status: ConfirmStatus) -> None:
+        sn = self.sn
+        for v in range(first, last + 1):
+            # A refused or failed version may be retried; an ok one is final.
+            assert sn.confirms.get(v) != ConfirmStatus.OK, f"n{self.node} v{v} confirmed after ok"
+            sn.confirms[v] = status
+            if status == ConfirmStatus.OK:
+                rec = sn.wal[v - 1]
+                old = self.net.confirmed.setdefault(v, rec)
+                # Two different records confirmed at one version: the first was lost.
+                assert old == rec, f"confirmed {old.describe()} lost to {rec.describe()}"
+
+    def notify_role(self, role: Role, epoch: int, master: int | None) -> None:
+        self.sn.roles.append(role.describe())
+
+    def notify_flow_control(self, level: int) -> None:
+        pass
+
+    def notify_commit(self, version: int) -> None:
+        sn = self.sn
+        assert not sn.commits or version > sn.commits[-1], f"n{self.node} commit goes back to v{version}"
+        sn.commits.append(version)
+
+    def notify_wal_truncated(self, version: int) -> None:
+        pass
 
 
 class Net:
@@ -95,14 +211,6 @@ class Net:
         self.cfg_overrides = cfg
         self.now_tick = 0
         self.nodes: dict[int, SimNode] = {}
-        for i, node in enumerate(self.node_ids):
-            wal = [Record(e, v, b"r%d.%d" % (e, v)) for e, v in (logs or {}).get(node, [])]
-            promise = (promises or {}).get(node, (max((r.epoch for r in wal), default=0), -1))
-            if promise[0] and promise[1] == -1:
-                promise = (promise[0], node)
-            sn = SimNode(node, None, wal=wal, durable_version=len(wal), promise=promise)  # type: ignore[arg-type]
-            sn.replica = Replica(self._state_config(i, sn))
-            self.nodes[node] = sn
         self.links: set[frozenset[int]] = set()
         self.cut_links: set[frozenset[int]] = set()
         self.queues: dict[tuple[int, int], deque] = {}
@@ -111,6 +219,14 @@ class Net:
         self.trace: list[str] = []
         self.logs: list[str] = []
         self.confirmed: dict[int, Record] = {}  # every record any master confirmed ok
+        for node in self.node_ids:
+            wal = [Record(e, v, b"r%d.%d" % (e, v)) for e, v in (logs or {}).get(node, [])]
+            promise = (promises or {}).get(node, (max((r.epoch for r in wal), default=0), -1))
+            if promise[0] and promise[1] == -1:
+                promise = (promise[0], node)
+            sn = SimNode(node, wal=wal, durable_version=len(wal), promise=promise)
+            self.nodes[node] = sn
+            self._boot(sn)
 
     def _config(self, i: int, **state) -> Config:
         return Config(vgroup_id=VGROUP, replicas=self.node_ids, self_index=i, **self.cfg_overrides, **state)
@@ -127,11 +243,26 @@ class Net:
             promised_master=sn.promise[1],
         )
 
+    def _boot(self, sn: SimNode) -> None:
+        replica = Replica(self._state_config(self.node_ids.index(sn.node), sn))
+        ports = _Ports(self, sn)
+        node = sn.node
+
+        def on_action(action: Any) -> None:
+            if type(action) is not Log:
+                self.trace.append(f"n{node}: {action.describe()}")
+
+        def on_log(origin: str, level: int, text: str) -> None:
+            if origin == "replica":
+                self.logs.append(text)
+
+        sn.driver = Driver(replica, ports, ports, ports, on_action=on_action, on_log=on_log)
+
     # -------------------------------------------------------------- driving
 
     def start(self, connect: bool = True) -> None:
         for sn in self.nodes.values():
-            self.execute(sn.node, sn.replica.start())
+            sn.driver.start()  # type: ignore[union-attr]
         if connect:
             self.connect_all()
         self.run()
@@ -174,10 +305,27 @@ class Net:
         self.connect(a, b)
 
     def step(self, node: int, event) -> None:
+        """One event for `node`; storage completions go through the driver's completion calls."""
         sn = self.nodes[node]
         if not sn.up:
             return
-        self.execute(node, sn.replica.step(event))
+        d = sn.driver
+        assert d is not None
+        t = type(event)
+        if t is WalPersisted:
+            d.wal_durable(event.up_to_version)
+        elif t is TruncateDone:
+            d.wal_truncated(event.last_epoch, event.last_version)
+        else:
+            d.step(event)
+        d.end_batch()
+
+    def execute(self, node: int, actions: list) -> None:
+        """Execute actions the test got by stepping node's replica itself."""
+        d = self.nodes[node].driver
+        assert d is not None
+        d.execute(actions)
+        d.end_batch()
 
     def forward(self, node: int, version: int, payload: bytes = b"x") -> None:
         self.step(node, AppForward(version, payload))
@@ -187,8 +335,11 @@ class Net:
         q = self.queues.get((src, dst))
         done = 0
         while q and done < count and not self.nodes[dst].paused:
-            msg = q.popleft()
-            self.step(dst, Received(src, msg))
+            frame = q.popleft()
+            d = self.nodes[dst].driver
+            assert d is not None
+            d.received(src, [codec.decode_bytes(frame)])
+            d.end_batch()
             done += 1
             q = self.queues.get((src, dst))
         return done
@@ -206,7 +357,7 @@ class Net:
         self.step(b, PeerConnected(a))
 
     def pending(self, src: int, dst: int) -> list[str]:
-        return [m.describe() for m in self.queues.get((src, dst), ())]
+        return [codec.decode_bytes(f).describe() for f in self.queues.get((src, dst), ())]
 
     def run(self, max_steps: int = 100_000) -> None:
         """Process local completions and deliver messages until quiet (deterministic order)."""
@@ -232,7 +383,8 @@ class Net:
                         self.connect(a, b)  # reconnect every tick, as the transport does every second
             for sn in self.nodes.values():
                 if sn.up and not sn.paused:
-                    self.execute(sn.node, sn.replica.tick())
+                    sn.driver.tick()  # type: ignore[union-attr]
+                    sn.driver.end_batch()  # type: ignore[union-attr]
             if run:
                 self.run()
 
@@ -248,13 +400,11 @@ class Net:
 
     def restart(self, node: int) -> None:
         sn = self.nodes[node]
-        i = self.node_ids.index(node)
-        cfg = self._state_config(i, sn)
-        sn.replica = Replica(cfg)
+        self._boot(sn)
         sn.commits = []  # the commit version starts at 0 in a new run
         sn.up = True
         sn.paused = False
-        self.execute(node, sn.replica.start())
+        sn.driver.start()  # type: ignore[union-attr]
         for other in self.node_ids:
             if other != node:
                 self.connect(node, other)
@@ -268,66 +418,6 @@ class Net:
     def arbitrator_disconnect(self, node: int) -> None:
         self.nodes[node].arbitrator_link = False
         self.step(node, ArbitratorLost())
-
-    # -------------------------------------------------------------- actions
-
-    def execute(self, node: int, actions: list) -> None:
-        sn = self.nodes[node]
-        for a in actions:
-            if isinstance(a, Log):
-                self.logs.append(a.text)
-                continue
-            self.trace.append(f"n{node}: {a.describe()}")
-            if isinstance(a, Send):
-                if frozenset((node, a.node)) in self.links:
-                    self.queues[(node, a.node)].append(a.message)
-            elif isinstance(a, PersistRecords):
-                for rec in a.records:
-                    assert rec.version == len(sn.wal) + 1, f"n{node} WAL gap at {rec.describe()}"
-                    sn.wal.append(rec)
-                if sn.auto_persist:
-                    self.persist(node)
-            elif isinstance(a, TruncateWalAfter):
-                # docs/design.md §4.4: committed records are never cut.
-                assert not sn.commits or a.version >= sn.commits[-1], f"n{node} cuts below commit v{sn.commits[-1]}"
-                del sn.wal[a.version :]
-                sn.durable_version = min(sn.durable_version, a.version)
-                epoch = sn.wal[-1].epoch if sn.wal else 0
-                self.local.append((node, TruncateDone(epoch, a.version)))
-            elif isinstance(a, PersistPromisedEpoch):
-                sn.promise = (a.epoch, a.master)
-            elif isinstance(a, StreamWalFrom):
-                key = (node, a.node)
-                if frozenset(key) in self.links:
-                    prev = a.prev_epoch
-                    for rec in sn.wal[a.first_version - 1 : a.last_version]:
-                        self.queues[key].append(Forward(a.epoch, rec.version, prev, rec.epoch, rec.payload))
-                        prev = rec.epoch
-            elif isinstance(a, ResetConnection):
-                self.disconnect(node, a.node)
-            elif isinstance(a, RequestArbitratorGrant):
-                if sn.arbitrator_link:
-                    refusal = self.lease.request(VGROUP, node, a.epoch, self.now_tick)
-                    answer = ArbitratorGranted(a.epoch) if refusal is None else ArbitratorRefused(a.epoch)
-                    self.local.append((node, answer))
-            elif isinstance(a, ConfirmForward):
-                for v in range(a.first_version, a.last_version + 1):
-                    # A refused or failed version may be retried; an ok one is final.
-                    assert sn.confirms.get(v) != ConfirmStatus.OK, f"n{node} v{v} confirmed after ok"
-                    sn.confirms[v] = a.status
-                    if a.status == ConfirmStatus.OK:
-                        rec = sn.wal[v - 1]
-                        old = self.confirmed.setdefault(v, rec)
-                        # Two different records confirmed at one version: the first was lost.
-                        assert old == rec, f"confirmed {old.describe()} lost to {rec.describe()}"
-            elif isinstance(a, WriteToCache):
-                if sn.auto_app_ack:
-                    self.local.append((node, AppAcked(a.record.version)))
-            elif isinstance(a, NotifyRole):
-                sn.roles.append(a.role.describe())
-            elif isinstance(a, CommitAdvanced):
-                assert not sn.commits or a.version > sn.commits[-1], f"n{node} commit goes back to v{a.version}"
-                sn.commits.append(a.version)
 
     def persist(self, node: int, up_to: int | None = None) -> None:
         """Make node's WAL durable up to `up_to` (default: all of it) and report it."""
