@@ -110,6 +110,7 @@ def test_cli_single_seed_and_campaign(capsys):
     assert "replicas 2 quorum 2 arbitrator yes: 3 runs, 0 failed" in out
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 def test_quorum_one_losses_are_counted_not_failed():
     opts = SimOptions(replicas=3, quorum=1)
     results = [run_seed(3000 + s, opts) for s in range(15)]

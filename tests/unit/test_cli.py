@@ -69,6 +69,7 @@ def test_verify_clean(wal_dir):
     assert "clean" in proc.stdout and "1..40" in proc.stdout
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 def test_verify_torn_tail_then_repair(wal_dir):
     last = sorted(wal_dir.glob("*.wal"))[-1]
     with open(last, "ab") as fh:

@@ -179,6 +179,7 @@ def test_update_doc_replaces_only_the_generated_section(tmp_path):
                     "prose after\n")
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 @pytest.mark.skipif(shutil.which("redis-server") is None,
                     reason="redis-server not installed (apt-get install redis-server); the "
                            "harness installs it itself, the test suite does not")

@@ -59,6 +59,7 @@ schemas = st.one_of(st.none(), st.dictionaries(
     max_size=3))
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 @settings(max_examples=600, deadline=None)
 @given(st.lists(row, max_size=6), schemas, st.sampled_from([None, 0, 3]))
 def test_agrees_with_reference_on_generated_batches(rows, schemas, table_count):

@@ -29,12 +29,14 @@ def inner_session(tmp_path: Path, test_body: str) -> tuple[subprocess.CompletedP
     return p, outer_tmp
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 def test_a_leaking_test_fails_the_session_naming_the_entry(tmp_path):
     p, outer_tmp = inner_session(tmp_path, "tempfile.mkdtemp(prefix='leaked-by-a-test-')")
     assert p.returncode != 0, p.stdout
     assert "left 1 entries" in p.stdout and "leaked-by-a-test-" in p.stdout, p.stdout
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 def test_a_clean_session_leaves_nothing(tmp_path):
     p, outer_tmp = inner_session(tmp_path, "(tmp_path / 'x').write_text('in tmp_path')")
     assert p.returncode == 0, p.stdout

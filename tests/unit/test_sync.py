@@ -133,6 +133,7 @@ def test_forward_on_a_slave_is_not_master_and_out_of_order_fails(tmp_path):
         stop_all(insts)
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 def test_restart_from_disk_keeps_the_log_and_takes_a_new_epoch(tmp_path):
     cfgs = make_group(tmp_path)
     apps, insts = start(cfgs)
@@ -174,6 +175,7 @@ def test_reconfig_changes_quorum_and_refuses_membership_changes(tmp_path):
         stop_all(insts)
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 def test_quorum_all_with_a_slave_down_times_out_then_lowering_the_quorum_helps(tmp_path):
     cfgs = make_group(tmp_path, quorum=3, forward_timeout_ticks=10, tick_ms=50)
     apps, insts = start(cfgs)
@@ -224,6 +226,7 @@ def test_recover_resyncs_a_slave(tmp_path):
         stop_all(insts)
 
 
+@pytest.mark.slow  # seconds: outside the `-m "not slow"` loop
 def test_two_replicas_with_an_arbitrator_elect_one_master(tmp_path):
     arb = ArbitratorProcess(str(tmp_path / "arb"), SECRET)
     try:
