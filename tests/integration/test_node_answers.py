@@ -13,7 +13,6 @@ import signal
 import pytest
 
 from vrepl.client import Client
-from vrepl.node.local import LocalCluster
 from vrepl.vnode.rows import NOOP_PAYLOAD
 from vrepl.wal import read_records
 
@@ -22,27 +21,10 @@ pytestmark = pytest.mark.timeout(90)
 VG = 1
 
 
-@pytest.fixture
-def make_cluster(tmp_path):
-    made: list[LocalCluster] = []
-
-    def make(**kw) -> LocalCluster:
-        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG, quorum=2, **kw)
-        made.append(c)
-        c.start()
-        c.wait_ready()
-        c.wait_master(slaves=2)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
-
-
-def test_a_master_stepping_down_answers_with_its_role_after_the_step_down(make_cluster):
+def test_a_master_stepping_down_answers_with_its_role_after_the_step_down(make_local_cluster):
     # The forward timeout (10 s) is longer than the heartbeat timeout (2 s): the write's
     # outcome comes from the step-down (FAILED), not from a timeout.
-    c = make_cluster(sync={"forward_timeout_ticks": 100}, http={"write_timeout_ms": 15000})
+    c = make_local_cluster(sync={"forward_timeout_ticks": 100}, http={"write_timeout_ms": 15000})
     m = c.master()
     slaves = [n for n in c.nodes if n != m]
     ep = c.nodes[m].http
@@ -61,8 +43,8 @@ def test_a_master_stepping_down_answers_with_its_role_after_the_step_down(make_c
     assert doc["master"] != m and doc["master_http"] != ep, doc
 
 
-def test_a_retried_write_carries_its_records_epoch_once_committed(make_cluster):
-    c = make_cluster()
+def test_a_retried_write_carries_its_records_epoch_once_committed(make_local_cluster):
+    c = make_local_cluster()
     with c.client(timeout_s=20) as cl:
         first = cl.write(VG, [["t_dup", 1, {"x": 1}]], request_id="rid-epoch")
         old = c.master()
@@ -89,8 +71,8 @@ def test_a_retried_write_carries_its_records_epoch_once_committed(make_cluster):
         {"ts": 1, "_version": first.version, "_epoch": first.epoch, "x": 1}]
 
 
-def test_tables_and_whether_a_read_table_exists(make_cluster):
-    c = make_cluster()
+def test_tables_and_whether_a_read_table_exists(make_local_cluster):
+    c = make_local_cluster()
     with c.client() as cl:
         r = cl.write(VG, [["t_b", 2, {"x": 1, "s": "a"}], ["t_a", 1, {"y": 0.5}]])
         cl.write(VG, [["t_b", 3, {"x": 2}]])

@@ -20,23 +20,6 @@ pytestmark = pytest.mark.timeout(60)
 VG = 1
 
 
-@pytest.fixture
-def make_cluster(tmp_path):
-    made: list[LocalCluster] = []
-
-    def make(**kw) -> LocalCluster:
-        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG, quorum=2, **kw)
-        made.append(c)
-        c.start()
-        c.wait_ready()
-        c.wait_master(slaves=2)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
-
-
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     c = LocalCluster(str(tmp_path_factory.mktemp("shared")), 3, vgroup=VG, quorum=2)
@@ -174,8 +157,8 @@ def test_malformed_http_gets_its_status_and_the_node_keeps_serving(shared, data,
     assert shared.status(shared.master()) is not None
 
 
-def test_sigterm_and_restart_loses_nothing(make_cluster):
-    c = make_cluster()
+def test_sigterm_and_restart_loses_nothing(make_local_cluster):
+    c = make_local_cluster()
     with c.client() as cl:
         for i in range(20):
             cl.write(VG, rows("t_term", i * 100, 100))
@@ -199,8 +182,8 @@ def test_sigterm_and_restart_loses_nothing(make_cluster):
         assert len(before[n]) == 2000
 
 
-def test_sigkill_and_restart_recovers_from_the_wal(make_cluster):
-    c = make_cluster()
+def test_sigkill_and_restart_recovers_from_the_wal(make_local_cluster):
+    c = make_local_cluster()
     with c.client() as cl:
         for i in range(10):
             cl.write(VG, rows("t_kill", i * 100, 100))
@@ -222,8 +205,8 @@ def test_sigkill_and_restart_recovers_from_the_wal(make_cluster):
         assert c.replica_rows(n, "t_kill") == expect
 
 
-def test_client_follows_the_master_across_a_failover(make_cluster):
-    c = make_cluster()
+def test_client_follows_the_master_across_a_failover(make_local_cluster):
+    c = make_local_cluster()
     with c.client(timeout_s=20) as cl:
         first = cl.write(VG, rows("t_fail", 0, 10))
         old = c.master()
@@ -240,8 +223,8 @@ def test_client_follows_the_master_across_a_failover(make_cluster):
     assert got[1] == got[2] == got[3]
 
 
-def test_flushes_during_writes_and_recovers_files_plus_wal_after_sigkill(make_cluster):
-    c = make_cluster(vnode={"max_memtable_rows": 500}, sync={"max_wal_file_bytes": 65536})
+def test_flushes_during_writes_and_recovers_files_plus_wal_after_sigkill(make_local_cluster):
+    c = make_local_cluster(vnode={"max_memtable_rows": 500}, sync={"max_wal_file_bytes": 65536})
     with c.client() as cl:
         for i in range(30):
             cl.write(VG, rows("t_flush", i * 100, 100))
@@ -261,11 +244,11 @@ def test_flushes_during_writes_and_recovers_files_plus_wal_after_sigkill(make_cl
         assert c.replica_rows(n, "t_flush") == expect
 
 
-def test_unconfirmed_write_times_out_as_unknown_then_a_retry_is_answered(make_cluster):
+def test_unconfirmed_write_times_out_as_unknown_then_a_retry_is_answered(make_local_cluster):
     """The write path answers from _confirm or from its timer, without a task per write:
     with both slaves stopped the write answers 504 (outcome unknown), a retry with the same
     request id waits on the same record, and once the slaves resume it is confirmed once."""
-    c = make_cluster(http={"write_timeout_ms": 400})
+    c = make_local_cluster(http={"write_timeout_ms": 400})
     m = c.master()
     slaves = [n for n in c.nodes if n != m]
     ep = c.nodes[m].http
@@ -291,12 +274,12 @@ def test_unconfirmed_write_times_out_as_unknown_then_a_retry_is_answered(make_cl
     assert len(c.replica_rows(m, "t_timeout")) == 2
 
 
-def test_an_age_flush_on_an_isolated_master_archives_only_committed_rows(make_cluster):
+def test_an_age_flush_on_an_isolated_master_archives_only_committed_rows(make_local_cluster):
     """Issue 13 Deliver 1 with real processes: a master cut from its slaves holds records
     no quorum confirmed (applied to its memtable: they are in its WAL); its age flushes
     archive only up to the commit index, so when the group cuts those records nothing
     archived has to go, and every replica ends with the same rows."""
-    c = make_cluster(vnode={"max_memtable_age_ms": 300}, http={"write_timeout_ms": 1000})
+    c = make_local_cluster(vnode={"max_memtable_age_ms": 300}, http={"write_timeout_ms": 1000})
     m = c.master()
     ep = c.nodes[m].http
     with Client([ep]) as cl:

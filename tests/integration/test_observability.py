@@ -59,23 +59,6 @@ def raw_get(ep: str, method: str, path: str, body: bytes | None = None) -> int:
         c.close()
 
 
-@pytest.fixture
-def make_cluster(tmp_path):
-    made: list[LocalCluster] = []
-
-    def make(**kw) -> LocalCluster:
-        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG, quorum=2, **kw)
-        made.append(c)
-        c.start()
-        c.wait_ready()
-        c.wait_master(slaves=2)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
-
-
 def settled(c: LocalCluster, m: int, version: int) -> bool:
     """Every replica applied `version` and the master has every ack."""
     vs = [c.vgroup_status(n) for n in c.nodes]
@@ -85,8 +68,8 @@ def settled(c: LocalCluster, m: int, version: int) -> bool:
     return all(p["acked_version"] == version for p in ms["peers"].values())
 
 
-def test_node_metrics_match_a_known_workload(make_cluster):
-    c = make_cluster()
+def test_node_metrics_match_a_known_workload(make_local_cluster):
+    c = make_local_cluster()
     m = c.master()
     ep = c.nodes[m].http
     url = f"http://{ep}/metrics"
@@ -161,8 +144,8 @@ def test_node_metrics_match_a_known_workload(make_cluster):
     assert ("vrepl_peer_lag_versions", (("peer", str(m)), ("vgroup", "1"))) not in s
 
 
-def test_peer_lag_grows_while_a_slave_is_paused(make_cluster):
-    c = make_cluster()
+def test_peer_lag_grows_while_a_slave_is_paused(make_local_cluster):
+    c = make_local_cluster()
     m = c.master()
     slave = next(n for n in c.nodes if n != m)
     url = f"http://{c.nodes[m].http}/metrics"
@@ -185,8 +168,8 @@ def test_peer_lag_grows_while_a_slave_is_paused(make_cluster):
     assert value(second, "vrepl_peer_last_heard_seconds", **key) >= 0.4
 
 
-def test_connection_refusals_are_counted_by_reason(make_cluster):
-    c = make_cluster()
+def test_connection_refusals_are_counted_by_reason(make_local_cluster):
+    c = make_local_cluster()
 
     def order(n: int) -> tuple[str, int]:   # the lower (host, port) opens a peer connection
         host, port = c.nodes[n].replication.rsplit(":", 1)
@@ -292,8 +275,8 @@ def test_arbitrator_metrics_and_json_logs(tmp_path):
     assert all(ISO_MS.match(e["time"]) for e in lines)
 
 
-def test_node_json_logs_and_sighup_reopen(make_cluster):
-    c = make_cluster(log_format="json")
+def test_node_json_logs_and_sighup_reopen(make_local_cluster):
+    c = make_local_cluster(log_format="json")
     m = c.master()
     cl = c.client()
     cl.write(VG, [["t", 1, {"v": 1}]])
@@ -334,8 +317,8 @@ def _vrepl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def test_status_shows_down_and_stalled_nodes(make_cluster):
-    c = make_cluster()
+def test_status_shows_down_and_stalled_nodes(make_local_cluster):
+    c = make_local_cluster()
     m = c.master()
     cl = c.client()
     for i in range(10):

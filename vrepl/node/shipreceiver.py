@@ -75,12 +75,11 @@ from vrepl.ship.state import (
     fsync_dir,
     parse_entry,
     remove_durable,
-    write_durable,
 )
 from vrepl.ship.stream import ShipStream
 from vrepl.transport import codec
 from vrepl.vnode.errors import ArchiveError
-from vrepl.vnode.files import MANIFEST_NAME, Manifest
+from vrepl.vnode.files import MANIFEST_NAME, Manifest, write_atomic
 from vrepl.vnode.rows import COLUMN_NAME_RE, TABLE_NAME_RE, TYPE_NAMES, type_accepts
 from vrepl.vnode.staging import MAX_ROUND_FILES
 
@@ -215,7 +214,7 @@ class SenderDirR:
 
     def write_files(self, fl: FileList) -> None:
         os.makedirs(self.path, exist_ok=True)
-        write_durable(self.p(FILES_LIST), fl.to_bytes(), self.fsync)
+        write_atomic(self.p(FILES_LIST), fl.to_bytes(), self.fsync)
 
     def load_log_keys(self) -> tuple[set[str], set[str]]:
         loaded: set[str] = set()
@@ -404,7 +403,7 @@ class ShipService:
             # claim the table again; the next sender to ship it becomes its owner.
             own[table] = owner if owner is not None else ""
             os.makedirs(os.path.dirname(self.owners_path(vg)), exist_ok=True)
-            write_durable(self.owners_path(vg), json.dumps(own, sort_keys=True).encode(), self.fsync)
+            write_atomic(self.owners_path(vg), json.dumps(own, sort_keys=True).encode(), self.fsync)
         return own
 
     def claim(self, vg: "VgroupHost", uuid: str, tables: list[str]) -> str | None:
@@ -426,7 +425,7 @@ class ShipService:
                     changed = True
             if changed:
                 os.makedirs(os.path.dirname(self.owners_path(vg)), exist_ok=True)
-                write_durable(self.owners_path(vg), json.dumps(explicit, sort_keys=True).encode(), self.fsync)
+                write_atomic(self.owners_path(vg), json.dumps(explicit, sort_keys=True).encode(), self.fsync)
         return None
 
 
@@ -678,7 +677,7 @@ class Session:
         self.log.write([LOG_TSFILE_END, LOG_END])
         self.log.close()
         self.log = None
-        write_durable(sd.p(SYNC_END), b"", self.svc.fsync)
+        write_atomic(sd.p(SYNC_END), b"", self.svc.fsync)
         killpoint(KP_SYNC_END)
         if self.deleted:
             self.stream.send(P.Loaded(0, 0, (), tuple(range(len(self.deleted)))))

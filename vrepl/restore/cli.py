@@ -93,18 +93,24 @@ def _progress(enabled: bool, counts: bool = False):
                     console=Console(stderr=True), transient=False)
 
 
-def _read_secret(args: argparse.Namespace) -> bytes:
-    if args.secret_file:
+def read_secret(secret_file: str | None, env_name: str, what: str) -> bytes:
+    """The secret in `secret_file` (stripped), else in $`env_name`; CliError (usage) if it
+    cannot be read or is empty. `what` names it in the error ("cluster secret")."""
+    if secret_file:
         try:
-            with open(args.secret_file, "rb") as fh:
+            with open(secret_file, "rb") as fh:
                 secret = fh.read().strip()
         except OSError as exc:
-            raise CliError(f"{args.secret_file}: {exc.strerror}", EXIT_USAGE) from None
+            raise CliError(f"{secret_file}: {exc.strerror}", EXIT_USAGE) from None
     else:
-        secret = os.environ.get(SECRET_ENV, "").encode()
+        secret = os.environ.get(env_name, "").encode()
     if not secret:
-        raise CliError(f"no cluster secret: pass --secret-file or set ${SECRET_ENV}", EXIT_USAGE)
+        raise CliError(f"no {what}: pass --secret-file or set ${env_name}", EXIT_USAGE)
     return secret
+
+
+def _read_secret(args: argparse.Namespace) -> bytes:
+    return read_secret(args.secret_file, SECRET_ENV, "cluster secret")
 
 
 def _lock_data(data: str, holder: str) -> Any:

@@ -34,6 +34,7 @@ from typing import Any
 from vrepl.config import parse_endpoint
 from vrepl.dirlock import DirInUseError, lock_dir
 from vrepl.errors import CliError, ConfigError
+from vrepl.restore.cli import read_secret
 from vrepl.ship.errors import (EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE,
                                ShipError)
 from vrepl.ship.sender import RoundResult, Sender, SenderOptions
@@ -100,16 +101,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _options(args: argparse.Namespace) -> SenderOptions:
-    if args.secret_file:
-        try:
-            with open(args.secret_file, "rb") as fh:
-                secret = fh.read().strip()
-        except OSError as exc:
-            raise CliError(f"{args.secret_file}: {exc.strerror}", EXIT_USAGE) from None
-    else:
-        secret = os.environ.get(SECRET_ENV, "").encode()
-    if not secret:
-        raise CliError(f"no sender secret: pass --secret-file or set ${SECRET_ENV}", EXIT_USAGE)
+    secret = read_secret(args.secret_file, SECRET_ENV, "sender secret")
     try:
         addresses = [parse_endpoint(a.strip()) for a in args.to.split(",") if a.strip()]
     except (ConfigError, ValueError) as exc:

@@ -30,6 +30,7 @@ from typing import Iterable
 
 from vrepl.ship.errors import StateError
 from vrepl.ship.protocol import FileEntry
+from vrepl.vnode.files import fsync_dir, write_atomic
 
 SHIP_DIR = "ship"
 UUID_FILE = "uuid.txt"
@@ -59,27 +60,6 @@ Key = tuple[str, int, int, int]
 
 # ------------------------------------------------------------------------------------------
 # durable writes
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durable(path: str, data: bytes, fsync: bool = True) -> None:
-    """Write `path` atomically: temp file, fsync, rename over it, fsync the directory."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        if fsync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fsync_dir(os.path.dirname(path) or ".")
-
 
 def remove_durable(path: str, fsync: bool = True) -> bool:
     """Remove a file or directory tree if present (and fsync its parent); whether it was."""
@@ -275,7 +255,7 @@ class SenderDir:
         if not os.path.exists(self.p(LAST_LIST)) and not os.path.exists(self.p(CURRENT_LIST)):
             # Created at once (empty), so that "no last list" never means "first round" by
             # accident after a crash (seed recovery step 2).
-            write_durable(self.p(LAST_LIST), FileList({}).to_bytes(), self.fsync)
+            write_atomic(self.p(LAST_LIST), FileList({}).to_bytes(), self.fsync)
 
     # -- the seed's recovery (docs/ship.md §5.1) ---------------------------------------------
     def recover(self) -> list[str]:
@@ -301,10 +281,10 @@ class SenderDir:
                     done.append("renamed current_local_files.txt to last_local_files.txt")
                 except StateError:
                     remove_durable(cur, self.fsync)
-                    write_durable(last, FileList({}).to_bytes(), self.fsync)
+                    write_atomic(last, FileList({}).to_bytes(), self.fsync)
                     done.append("dropped a cut current_local_files.txt")
         if not os.path.exists(last):
-            write_durable(last, FileList({}).to_bytes(), self.fsync)
+            write_atomic(last, FileList({}).to_bytes(), self.fsync)
         # 3-7: fold sync.log into the list.
         if os.path.exists(log):
             try:
@@ -313,7 +293,7 @@ class SenderDir:
                 raise StateError(f"{exc}; remove {self.path} to ship everything again (the"
                                  " receiver keeps what it has and is reconciled by listing)") from None
             folded, loaded, removed = fold_log(base, log)
-            write_durable(cur, folded.to_bytes(), self.fsync)     # 5
+            write_atomic(cur, folded.to_bytes(), self.fsync)     # 5
             os.replace(cur, last)                                 # 6-7, atomically
             if self.fsync:
                 fsync_dir(self.path)
@@ -331,7 +311,7 @@ class SenderDir:
 
     def write_last(self, fl: FileList) -> None:
         """Replace the list outright (after a reconciliation by listing)."""
-        write_durable(self.p(CURRENT_LIST), fl.to_bytes(), self.fsync)
+        write_atomic(self.p(CURRENT_LIST), fl.to_bytes(), self.fsync)
         os.replace(self.p(CURRENT_LIST), self.p(LAST_LIST))
         if self.fsync:
             fsync_dir(self.path)
@@ -346,7 +326,7 @@ class SenderDir:
         return doc if isinstance(doc, dict) else {}
 
     def write_schema(self, schema: dict[str, dict[str, str]]) -> None:
-        write_durable(self.p(SCHEMA_FILE), json.dumps(schema, sort_keys=True).encode(), self.fsync)
+        write_atomic(self.p(SCHEMA_FILE), json.dumps(schema, sort_keys=True).encode(), self.fsync)
 
     def reset_schema(self) -> None:
         remove_durable(self.p(SCHEMA_FILE), self.fsync)
@@ -361,7 +341,7 @@ class SenderDir:
             return {}
 
     def write_state(self, doc: dict) -> None:
-        write_durable(self.p(STATE_FILE), json.dumps(doc, sort_keys=True).encode(), self.fsync)
+        write_atomic(self.p(STATE_FILE), json.dumps(doc, sort_keys=True).encode(), self.fsync)
 
 
 # ------------------------------------------------------------------------------------------
@@ -384,7 +364,7 @@ def load_uuid(data: str, *, given: str | None = None, fsync: bool = True) -> tup
             raise StateError(f"--uuid {given!r} is not a UUID (32 hex digits)")
         current = _read_uuid_file(path)
         if current != text:
-            write_durable(path, (text + "\n").encode(), fsync)
+            write_atomic(path, (text + "\n").encode(), fsync)
             return text, f"uuid set to {text} (--uuid; it was {current or 'unset'})"
         return text, None
     current = _read_uuid_file(path)
@@ -405,10 +385,10 @@ def load_uuid(data: str, *, given: str | None = None, fsync: bool = True) -> tup
                          f" different UUIDs ({', '.join(sorted(copies))}): pass the right one with --uuid")
     if copies:
         text = copies.pop()
-        write_durable(path, (text + "\n").encode(), fsync)
+        write_atomic(path, (text + "\n").encode(), fsync)
         return text, f"{path} was missing: restored uuid {text} from the receiver state"
     text = _uuid.uuid4().hex
-    write_durable(path, (text + "\n").encode(), fsync)
+    write_atomic(path, (text + "\n").encode(), fsync)
     return text, None
 
 

@@ -89,7 +89,7 @@ def write_atomic(path: str, data: bytes | memoryview | pa.Buffer, fsync: bool = 
             os.fsync(fh.fileno())
     os.replace(tmp, path)
     if fsync:
-        fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path) or ".")
 
 
 @dataclass(frozen=True)
