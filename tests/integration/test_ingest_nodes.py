@@ -139,6 +139,15 @@ def test_a_round_reaches_every_replica_through_one_record(cluster):
     assert ingest_status(c, slaves[1])["files_fetched"] == 2
     assert ingest_status(c, m)["rounds_ingested"] == 1
     assert ingest_status(c, m)["files_served"] == 3
+    # The same counts in /metrics (docs/operations.md §Metrics).
+    vg = str(VG)
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=vg, result="ingested") == 1
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=vg, result="refused") == 0
+    assert c.metric(m, "vrepl_ingest_files_total", vgroup=vg, how="served") == 3
+    assert c.metric(slaves[0], "vrepl_ingest_files_total", vgroup=vg, how="incoming") == 1
+    assert c.metric(slaves[1], "vrepl_ingest_files_total", vgroup=vg, how="fetched") == 2
+    for nid in slaves:
+        assert c.metric(nid, "vrepl_ingest_rounds_staged_total", vgroup=vg) == 1
     # The table's schema came with the round, on every replica.
     with c.client() as cl:
         for nid in c.nodes:
@@ -172,6 +181,10 @@ def test_refusals_leave_nothing_written(cluster):
     assert os.path.exists(os.path.join(incoming(c, m), "b.parquet"))
     for nid in c.nodes:
         assert archived_round_files(c, nid) == [] and staging_leftovers(c, nid) == []
+    # Four refused on the master (name, missing file, checksum, schema), one on the slave.
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=str(VG), result="refused") == 4
+    assert c.metric(slave, "vrepl_ingest_rounds_total", vgroup=str(VG), result="refused") == 1
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=str(VG), result="ingested") == 0
 
 
 def test_one_replica(cluster):

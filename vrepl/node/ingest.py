@@ -298,8 +298,12 @@ class Rounds:
         vnode, loop = host.vnode, host.loop
         if vnode is None or loop is None:       # closed by a stop or a self-restore meanwhile
             raise IngestError("not_running", f"vg{host.id}: this node is not serving the vgroup")
-        entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
-                                                      vnode.schemas)
+        try:
+            entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
+                                                          vnode.schemas)
+        except IngestError:     # a file missing, of another size or checksum, not Parquet
+            self._count("rounds_refused")
+            raise
         rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries))
         reason = S.round_invalid(entries)
         self._check_refusal()

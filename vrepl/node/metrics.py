@@ -153,6 +153,16 @@ class NodeCollector:
                       " and restores itself from the master), else 0")
         self_restores = counter("vrepl_self_restores", "Self-restores of the vgroup, by result",
                                 ("result",))
+        i_rounds = counter("vrepl_ingest_rounds", "Rounds of ingested files this node took as"
+                           " master, by result: ingested, refused, unknown (outcome not known)",
+                           ("result",))
+        i_staged = counter("vrepl_ingest_rounds_staged", "Ingest records whose files this replica"
+                           " staged (a slave: before it acks)")
+        i_files = counter("vrepl_ingest_files", "Files of ingest rounds, by how this replica got or"
+                          " gave them: incoming (the master's own), fetched (from a replica),"
+                          " served (to a replica)", ("how",))
+        i_fetch_fail = counter("vrepl_ingest_fetch_failures", "Fetches of a round's missing files"
+                               " that failed (retried)")
         limiter: dict[str, int] = {}
         refusals: dict[str, int] = {}
         for vg in self.m.vgroups.values():
@@ -222,11 +232,20 @@ class NodeCollector:
             flush_errors.add_metric([v], vg.flush_errors)
             mem_rows.add_metric([v], vst["memtable_rows"])
             mem_bytes.add_metric([v], vst["memtable_bytes"])
+            ic = vg.rounds.counters
+            for result in ("ingested", "refused", "unknown"):
+                i_rounds.add_metric([v, result], ic["rounds_" + result])
+            i_staged.add_metric([v], ic["rounds_staged"])
+            for how, key in (("incoming", "files_from_incoming"), ("fetched", "files_fetched"),
+                             ("served", "files_served")):
+                i_files.add_metric([v, how], ic[key])
+            i_fetch_fail.add_metric([v], ic["fetch_failures"])
             refusals = sync.connection_refusals() or refusals  # one server per node: shared
         yield from (role, epoch, master, *versions.values(), connected, heard, acked, lag_v, lag_s,
                     forwards, forward_bytes, refused, confirmed, queued, flow, wal_bytes, commits,
                     role_changes, epochs, won, r_started, r_ended, r_bytes, r_records, writes, rows,
-                    pending, flushes, flush_errors, mem_rows, mem_bytes, needs, self_restores)
+                    pending, flushes, flush_errors, mem_rows, mem_bytes, needs, self_restores,
+                    i_rounds, i_staged, i_files, i_fetch_fail)
         running = GaugeMetricFamily("vrepl_restores_running", "Restore sessions holding one of the"
                                     " node's max_concurrent_restores slots")
         running.add_metric([], limiter.get("running", 0))
