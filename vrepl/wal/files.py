@@ -9,6 +9,7 @@ per-file index of sampled record offsets (written when a file is sealed, checked
 Must not: parse or check records (vrepl.wal.scan does, through the Cython codec), write a WAL
 file, or touch anything outside the directory it is given.
 """
+
 from __future__ import annotations
 
 import enum
@@ -29,9 +30,9 @@ HEADER_SIZE = _rec.HEADER_SIZE_BYTES
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = _rec.DEFAULT_MAX_PAYLOAD_BYTES
 DEFAULT_GROUP_COMMIT_MS = 2
-INDEX_STRIDE_RECORDS = 64          # one index entry every this many records
+INDEX_STRIDE_RECORDS = 64  # one index entry every this many records
 READ_CHUNK_BYTES = 8 * 1024 * 1024  # how much of a file a reader holds at once
-MSG_TYPE_DATA = 1                   # the default message type of an application record
+MSG_TYPE_DATA = 1  # the default message type of an application record
 
 WAL_NAME = re.compile(r"^(\d{12})\.wal$")
 _IDX_MAGIC = b"VRIX"
@@ -49,9 +50,9 @@ def index_file_name(index: int) -> str:
 class Durability(str, enum.Enum):
     """When an append is on stable storage (docs/wal-format.md §durability)."""
 
-    FSYNC = "fsync"   # each append call returns only after fdatasync
-    GROUP = "group"   # appends return after write(); one fdatasync covers many (per N ms or per batch)
-    NONE = "none"     # the OS decides; fsync only when a file is sealed or closed
+    FSYNC = "fsync"  # each append call returns only after fdatasync
+    GROUP = "group"  # appends return after write(); one fdatasync covers many (per N ms or per batch)
+    NONE = "none"  # the OS decides; fsync only when a file is sealed or closed
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,9 @@ class WalFile:
     index: int
     path: str
     size: int
-    first_version: int = 0   # 0 when the file holds no record
+    first_version: int = 0  # 0 when the file holds no record
     last_version: int = 0
-    sealed: bool = True      # every file but the last is sealed
+    sealed: bool = True  # every file but the last is sealed
 
     @property
     def count(self) -> int:
@@ -92,13 +93,15 @@ class WalFile:
 @dataclass
 class TornTail:
     path: str
-    offset: int            # where the good data ends; repair truncates here
+    offset: int  # where the good data ends; repair truncates here
     last_good_version: int
     reason: str
 
     def describe(self) -> str:
-        return (f"{self.path}: torn tail at offset {self.offset}: {self.reason}"
-                f" (last good version {self.last_good_version})")
+        return (
+            f"{self.path}: torn tail at offset {self.offset}: {self.reason}"
+            f" (last good version {self.last_good_version})"
+        )
 
 
 @dataclass
@@ -108,7 +111,7 @@ class WalState:
     directory: str
     files: list[WalFile] = field(default_factory=list)
     torn_tail: TornTail | None = None
-    last_epoch: int = 0      # epoch of the record with last_version (0 if the log is empty)
+    last_epoch: int = 0  # epoch of the record with last_version (0 if the log is empty)
 
     @property
     def first_version(self) -> int:
@@ -122,10 +125,10 @@ class WalState:
 # ---------------------------------------------------------------------------------------------
 # Per-file index: sampled offsets so a reader can seek to a version without scanning the file.
 
+
 def _write_index(directory: str, wf: WalFile, offsets: np.ndarray) -> None:
     sample = np.ascontiguousarray(offsets[::INDEX_STRIDE_RECORDS], dtype="<u8")
-    head = _IDX_HEADER.pack(_IDX_MAGIC, 1, wf.index, wf.first_version, wf.count, wf.size,
-                            INDEX_STRIDE_RECORDS)
+    head = _IDX_HEADER.pack(_IDX_MAGIC, 1, wf.index, wf.first_version, wf.count, wf.size, INDEX_STRIDE_RECORDS)
     body = head + sample.tobytes()
     body += struct.pack("<I", _crc.crc32c(body))
     tmp = os.path.join(directory, index_file_name(wf.index) + ".tmp")
@@ -154,11 +157,9 @@ def _read_index(directory: str, wf: WalFile) -> tuple[int, int, np.ndarray] | No
     if struct.unpack_from("<I", body, len(body) - 4)[0] != _crc.crc32c(body[:-4]):
         return None
     magic, fmt, index, first, count, size, stride = _IDX_HEADER.unpack_from(body)
-    if magic != _IDX_MAGIC or fmt != 1 or index != wf.index or size != wf.size \
-            or stride != INDEX_STRIDE_RECORDS:
+    if magic != _IDX_MAGIC or fmt != 1 or index != wf.index or size != wf.size or stride != INDEX_STRIDE_RECORDS:
         return None
-    sample = np.frombuffer(body, dtype="<u8", offset=_IDX_HEADER.size,
-                           count=(len(body) - _IDX_HEADER.size - 4) // 8)
+    sample = np.frombuffer(body, dtype="<u8", offset=_IDX_HEADER.size, count=(len(body) - _IDX_HEADER.size - 4) // 8)
     if len(sample) != (count + stride - 1) // stride:
         return None
     return first, count, sample
@@ -167,10 +168,16 @@ def _read_index(directory: str, wf: WalFile) -> tuple[int, int, np.ndarray] | No
 # ---------------------------------------------------------------------------------------------
 # Inspection: list the files, check contiguity, classify the end of the last file.
 
+
 def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return kind
     return "not a regular file"
@@ -217,8 +224,9 @@ def list_wal_files(directory: str) -> list[WalFile]:
     files.sort(key=lambda f: f.index)
     for prev, cur in zip(files, files[1:]):
         if cur.index != prev.index + 1:
-            raise WalCorruptError(cur.path, 0, f"file index gap: {wal_file_name(prev.index)}"
-                                  f" is followed by {wal_file_name(cur.index)}")
+            raise WalCorruptError(
+                cur.path, 0, f"file index gap: {wal_file_name(prev.index)} is followed by {wal_file_name(cur.index)}"
+            )
     if files:
         files[-1].sealed = False
     return files

@@ -6,6 +6,7 @@ Owns: seeking to a version with the per-file index, yielding blocks of whole rec
 Must not: write anything, or return a record it has not verified (corruption raises
 WalCorruptError after every good record before it was yielded).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ class WalBlock:
     """Whole, verified records read from one file: `data[scan.offsets[i]:]` is record i."""
 
     file: WalFile
-    offset: int      # where data starts in the file
+    offset: int  # where data starts in the file
     data: bytes
     scan: _rec.ScanResult  # offsets relative to data
+
 
 class WalReader:
     """Reads a WAL directory from a given version, verifying every record it returns.
@@ -51,8 +53,9 @@ class WalReader:
             if idx is not None:
                 first, count, sample = idx
                 if count and expect and first != expect:
-                    raise WalCorruptError(wf.path, 0, f"version gap: file starts at version"
-                                          f" {first}, expected {expect}", expect - 1)
+                    raise WalCorruptError(
+                        wf.path, 0, f"version gap: file starts at version {first}, expected {expect}", expect - 1
+                    )
                 if count and first + count - 1 < from_version:
                     expect = first + count  # nothing wanted here: skip the file unread
                     continue
@@ -63,8 +66,7 @@ class WalReader:
             yield from self._iter_file(wf, start, expect, from_version)
             expect = self._next_expect
 
-    def _iter_file(self, wf: WalFile, start: int, expect: int,
-                   from_version: int) -> Iterator[WalBlock]:
+    def _iter_file(self, wf: WalFile, start: int, expect: int, from_version: int) -> Iterator[WalBlock]:
         # A torn tail of the last file is where the log ends (for a live log: a record still
         # being written), so the scanner's TornTail return value is not an error here.
         for pos, data, scan in _scan_file(wf, start, expect, self.max_record_bytes):
@@ -73,9 +75,8 @@ class WalReader:
             if keep.any():
                 i0 = int(np.argmax(keep))
                 b0 = int(scan.offsets[i0])
-                block = data[b0:scan.end]
-                sub = _rec.scan(block, max_payload_len=self.max_record_bytes,
-                                verify_payload=False)
+                block = data[b0 : scan.end]
+                sub = _rec.scan(block, max_payload_len=self.max_record_bytes, verify_payload=False)
                 yield WalBlock(wf, pos + b0, block, sub)
         self._next_expect = expect
 

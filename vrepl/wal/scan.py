@@ -8,6 +8,7 @@ its last file), repair() and verify().
 Must not: write anything but repair()'s truncation of a torn tail, hold more than one chunk
 plus one record in memory, or skip a record it cannot verify.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,8 +65,17 @@ def _valid_header_follows(fh, head: bytes, max_record: int) -> bool:
     return False
 
 
-def _classify_stop(fh, head: bytes, scan_status: int, reason: str | None, path: str,
-                   file_off: int, is_last: bool, max_record: int, last_good: int) -> TornTail:
+def _classify_stop(
+    fh,
+    head: bytes,
+    scan_status: int,
+    reason: str | None,
+    path: str,
+    file_off: int,
+    is_last: bool,
+    max_record: int,
+    last_good: int,
+) -> TornTail:
     """Why the records of a file stop at file_off: a torn tail of the last file (returned)
     or corruption (raised). `head` holds the file's bytes from file_off on as far as they were
     read; the rest is read from fh in bounded chunks."""
@@ -93,8 +103,7 @@ def _classify_stop(fh, head: bytes, scan_status: int, reason: str | None, path: 
     raise WalCorruptError(path, file_off, reason, last_good)
 
 
-def _scan_file(wf: WalFile, start: int, expect: int, max_record: int,
-               verify_payload: bool = True):
+def _scan_file(wf: WalFile, start: int, expect: int, max_record: int, verify_payload: bool = True):
     """Scan a WAL file from byte `start` in bounded chunks.
 
     Yields (file offset of data, data, scan) for every chunk that holds whole, valid records,
@@ -112,25 +121,34 @@ def _scan_file(wf: WalFile, start: int, expect: int, max_record: int,
             if at_eof and not carry:
                 return None
             data = carry + chunk if carry else chunk
-            scan = _rec.scan(data, max_payload_len=max_record, verify_payload=verify_payload,
-                             expect_version=expect, contiguous=True)
+            scan = _rec.scan(
+                data, max_payload_len=max_record, verify_payload=verify_payload, expect_version=expect, contiguous=True
+            )
             if scan.count:
                 expect = int(scan.versions[-1]) + 1
                 yield pos, data, scan
             if not scan.ok and not (scan.status == _rec.STATUS_INCOMPLETE and not at_eof):
                 last_good = int(scan.versions[-1]) if scan.count else max(expect - 1, 0)
-                return _classify_stop(fh, data[scan.end:], scan.status, scan.reason, wf.path,
-                                      pos + scan.end, not wf.sealed, max_record, last_good)
+                return _classify_stop(
+                    fh,
+                    data[scan.end :],
+                    scan.status,
+                    scan.reason,
+                    wf.path,
+                    pos + scan.end,
+                    not wf.sealed,
+                    max_record,
+                    last_good,
+                )
             # An incomplete record whose header passed its checks is at most
             # HEADER_SIZE + max_record bytes, so the carry stays bounded.
-            carry = data[scan.end:]
+            carry = data[scan.end :]
             pos += scan.end
             if at_eof:
                 return None
 
 
-def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-            verify_all: bool = False) -> WalState:
+def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, verify_all: bool = False) -> WalState:
     """Read a WAL directory's shape and the state of its last file.
 
     Sealed files are checked by their index (or a scan if it is missing or stale); with
@@ -146,8 +164,9 @@ def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
             first, count, _ = idx
             if count:
                 if expect and first != expect:
-                    raise WalCorruptError(wf.path, 0, f"version gap: file starts at version"
-                                          f" {first}, expected {expect}", expect - 1)
+                    raise WalCorruptError(
+                        wf.path, 0, f"version gap: file starts at version {first}, expected {expect}", expect - 1
+                    )
                 wf.first_version, wf.last_version = first, first + count - 1
                 expect = first + count
                 epoch_of_last = 0  # unknown until read (below)
@@ -175,8 +194,7 @@ def _last_epoch_of(state: WalState) -> int:
         if wf.last_version:
             epoch = 0
             try:
-                for _pos, _data, scan in _scan_file(wf, 0, 0, DEFAULT_MAX_RECORD_BYTES,
-                                                    verify_payload=False):
+                for _pos, _data, scan in _scan_file(wf, 0, 0, DEFAULT_MAX_RECORD_BYTES, verify_payload=False):
                     epoch = int(scan.epochs[-1])
             except WalCorruptError:
                 pass

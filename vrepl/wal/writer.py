@@ -10,6 +10,7 @@ Must not: leave a partial record in a file after a failed write, cut below the f
 version still in the log, call `on_durable` under its lock, or read records for a caller
 (vrepl.wal.reader does).
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,9 +48,15 @@ class WalWriter:
     known to be on stable storage.
     """
 
-    def __init__(self, directory: str, options: WalOptions | None = None, *,
-                 repair_tail: bool = False, create: bool = True,
-                 on_durable: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        directory: str,
+        options: WalOptions | None = None,
+        *,
+        repair_tail: bool = False,
+        create: bool = True,
+        on_durable: Callable[[int], None] | None = None,
+    ):
         self.directory = directory
         self.options = options or WalOptions()
         self._on_durable = on_durable
@@ -80,8 +87,7 @@ class WalWriter:
         self._flusher: threading.Thread | None = None
         self._dirty = threading.Event()
         if self.options.durability is Durability.GROUP and self.options.group_commit_ms > 0:
-            self._flusher = threading.Thread(target=self._flush_loop, name="vrepl-wal-flush",
-                                             daemon=True)
+            self._flusher = threading.Thread(target=self._flush_loop, name="vrepl-wal-flush", daemon=True)
             self._flusher.start()
 
     # -- file management --------------------------------------------------------------------
@@ -94,8 +100,10 @@ class WalWriter:
 
     def _scan_offsets(self, wf: WalFile) -> list[np.ndarray]:
         """Byte offsets of the records of the current file (for its index when sealed)."""
-        return [scan.offsets + np.uint64(pos) for pos, _data, scan in
-                _scan_file(wf, 0, 0, self.options.max_record_bytes, verify_payload=False)]
+        return [
+            scan.offsets + np.uint64(pos)
+            for pos, _data, scan in _scan_file(wf, 0, 0, self.options.max_record_bytes, verify_payload=False)
+        ]
 
     def _rotate(self) -> None:
         """Seal the current file (fsync, index) and start the next one. Lock held."""
@@ -105,8 +113,7 @@ class WalWriter:
             os.close(self._fd)
             self._generation += 1
         cur.sealed = True
-        offsets = (np.concatenate(self._offsets_current) if self._offsets_current
-                   else np.empty(0, dtype=np.uint64))
+        offsets = np.concatenate(self._offsets_current) if self._offsets_current else np.empty(0, dtype=np.uint64)
         _write_index(self.directory, cur, offsets)
         # durable_version advances in _after_write: callbacks never run under the lock.
         nxt = self._create_file(cur.index + 1)
@@ -115,29 +122,29 @@ class WalWriter:
         self._offsets_current = []
 
     # -- appending ----------------------------------------------------------------------------
-    def append(self, payload: bytes, epoch: int, *, version: int | None = None,
-               msg_type: int = MSG_TYPE_DATA) -> int:
+    def append(self, payload: bytes, epoch: int, *, version: int | None = None, msg_type: int = MSG_TYPE_DATA) -> int:
         """Append one record; returns its version (last_version + 1)."""
         return self.append_batch([payload], epoch, first_version=version, msg_type=msg_type)[1]
 
-    def append_batch(self, payloads: Sequence[bytes], epoch: int, *,
-                     first_version: int | None = None,
-                     msg_type: int = MSG_TYPE_DATA) -> tuple[int, int]:
+    def append_batch(
+        self, payloads: Sequence[bytes], epoch: int, *, first_version: int | None = None, msg_type: int = MSG_TYPE_DATA
+    ) -> tuple[int, int]:
         """Append records in one write; returns (first_version, last_version)."""
         if not payloads:
             raise ValueError("append_batch: no payloads")
         for i, p in enumerate(payloads):
             if len(p) > self.options.max_record_bytes:
-                raise ValueError(f"record {i} is {len(p)} bytes, above max_record_bytes"
-                                 f" {self.options.max_record_bytes}")
+                raise ValueError(
+                    f"record {i} is {len(p)} bytes, above max_record_bytes {self.options.max_record_bytes}"
+                )
         with self._lock:
             first = self.last_version + 1
             if epoch < self.last_epoch:
-                raise VersionError(f"append: epoch {epoch} is older than the WAL's last"
-                                   f" epoch {self.last_epoch}")
+                raise VersionError(f"append: epoch {epoch} is older than the WAL's last epoch {self.last_epoch}")
             if first_version is not None and first_version != first:
-                raise VersionError(f"append: version {first_version} does not follow"
-                                   f" the WAL's last version {self.last_version}")
+                raise VersionError(
+                    f"append: version {first_version} does not follow the WAL's last version {self.last_version}"
+                )
             block = _rec.encode_batch(msg_type, first, epoch, payloads)
             self._write_block_locked(block, None, first, first + len(payloads) - 1, epoch)
             last = self.last_version
@@ -152,28 +159,27 @@ class WalWriter:
         with self._lock:
             expect = self.last_version + 1
             if scan is None or scan.count == 0 or int(scan.versions[0]) != expect:
-                scan = _rec.scan(block, max_payload_len=self.options.max_record_bytes,
-                                 expect_version=expect)
+                scan = _rec.scan(block, max_payload_len=self.options.max_record_bytes, expect_version=expect)
             if not scan.ok or scan.end != len(block):
-                raise VersionError(f"append_encoded: block rejected at offset {scan.end}:"
-                                   f" {scan.reason} (WAL last version {self.last_version})")
+                raise VersionError(
+                    f"append_encoded: block rejected at offset {scan.end}:"
+                    f" {scan.reason} (WAL last version {self.last_version})"
+                )
             if scan.count == 0:
                 return expect, self.last_version
             if int(scan.versions[-1]) - int(scan.versions[0]) + 1 != scan.count:
                 raise VersionError("append_encoded: versions in the block are not contiguous")
             epochs = scan.epochs
-            if int(epochs[0]) < self.last_epoch or (scan.count > 1 and
-                                                   bool((epochs[1:] < epochs[:-1]).any())):
-                raise VersionError(f"append_encoded: epochs go backwards (WAL last epoch"
-                                   f" {self.last_epoch}, block {int(epochs[0])}..)")
-            self._write_block_locked(block, scan.offsets, expect, int(scan.versions[-1]),
-                                     int(scan.epochs[-1]))
+            if int(epochs[0]) < self.last_epoch or (scan.count > 1 and bool((epochs[1:] < epochs[:-1]).any())):
+                raise VersionError(
+                    f"append_encoded: epochs go backwards (WAL last epoch {self.last_epoch}, block {int(epochs[0])}..)"
+                )
+            self._write_block_locked(block, scan.offsets, expect, int(scan.versions[-1]), int(scan.epochs[-1]))
             last = self.last_version
         self._after_write(last)
         return expect, last
 
-    def _write_block_locked(self, block: bytes, offsets, first: int, last: int,
-                            epoch: int) -> None:
+    def _write_block_locked(self, block: bytes, offsets, first: int, last: int, epoch: int) -> None:
         if self._closed:
             raise WalError(f"{self.directory}: WAL writer is closed", self.directory)
         cur = self._files[-1]
@@ -190,8 +196,9 @@ class WalWriter:
         except OSError as exc:
             # Leave the file as it was: a partial record would be a torn tail mid-log.
             os.ftruncate(self._fd, cur.size)
-            raise WalError(f"{cur.path}: write failed at offset {cur.size}: {exc.strerror}",
-                           cur.path, cur.size) from exc
+            raise WalError(
+                f"{cur.path}: write failed at offset {cur.size}: {exc.strerror}", cur.path, cur.size
+            ) from exc
         self._offsets_current.append(offsets + np.uint64(cur.size))
         cur.size += len(block)
         if not cur.first_version:
@@ -234,8 +241,7 @@ class WalWriter:
 
     def wait_durable(self, version: int, timeout_s: float | None = None) -> bool:
         with self._durable_cond:
-            return self._durable_cond.wait_for(lambda: self.durable_version >= version,
-                                               timeout_s)
+            return self._durable_cond.wait_for(lambda: self.durable_version >= version, timeout_s)
 
     def _flush_loop(self) -> None:
         period_s = self.options.group_commit_ms / 1000.0
@@ -258,8 +264,7 @@ class WalWriter:
     @property
     def files(self) -> list[WalFile]:
         with self._lock:
-            return [WalFile(f.index, f.path, f.size, f.first_version, f.last_version, f.sealed)
-                    for f in self._files]
+            return [WalFile(f.index, f.path, f.size, f.first_version, f.last_version, f.sealed) for f in self._files]
 
     def truncate_after(self, version: int) -> int:
         """Discard every record with a version above `version` (a deposed master's suffix
@@ -269,14 +274,16 @@ class WalWriter:
             if version >= self.last_version:
                 return self.last_version
             if version < self.first_version - 1:
-                raise VersionError(f"truncate_after({version}): the log starts at"
-                                   f" {self.first_version}; records before it are recycled")
+                raise VersionError(
+                    f"truncate_after({version}): the log starts at {self.first_version}; records before it are recycled"
+                )
             with self._sync_lock:
                 os.close(self._fd)
                 self._generation += 1
             # Later files first, so a crash midway leaves a log that is still contiguous.
-            while len(self._files) > 1 and (self._files[-1].first_version == 0
-                                            or self._files[-1].first_version > version):
+            while len(self._files) > 1 and (
+                self._files[-1].first_version == 0 or self._files[-1].first_version > version
+            ):
                 gone = self._files.pop()
                 os.unlink(gone.path)
             cur = self._files[-1]
@@ -287,8 +294,7 @@ class WalWriter:
                 pass
             cur.sealed = False
             offsets, versions, epochs = [], [], []
-            for pos, _data, scan in _scan_file(cur, 0, 0, self.options.max_record_bytes,
-                                               verify_payload=False):
+            for pos, _data, scan in _scan_file(cur, 0, 0, self.options.max_record_bytes, verify_payload=False):
                 offsets.append(scan.offsets + np.uint64(pos))
                 versions.append(scan.versions)
                 epochs.append(scan.epochs)
@@ -307,8 +313,7 @@ class WalWriter:
                 cur.first_version = 0
             self._offsets_current = [all_offsets[:n]] if n else []
             self.last_version = version
-            self.last_epoch = int(all_epochs[n - 1]) if n else _last_epoch_of(
-                WalState(self.directory, self._files))
+            self.last_epoch = int(all_epochs[n - 1]) if n else _last_epoch_of(WalState(self.directory, self._files))
             self._fd = os.open(cur.path, os.O_WRONLY | os.O_APPEND)
             with self._durable_cond:
                 self.durable_version = min(self.durable_version, version)
@@ -331,8 +336,7 @@ class WalWriter:
                     pass
                 removed.append(f.path)
                 self._files.pop(0)
-            self.first_version = next((f.first_version for f in self._files
-                                       if f.first_version), 0)
+            self.first_version = next((f.first_version for f in self._files if f.first_version), 0)
         if removed:
             _fsync_dir(self.directory)
         return removed
