@@ -295,6 +295,7 @@ class WalTail:
             self.s._check_alive()
             if store.pump_wal(self):
                 self.maybe_switch(at_end=False)
+                yield from self.io.pace()
                 continue
             yield from self._idle()
 

@@ -2,7 +2,7 @@
 simulator (docs/restore.md §Sessions).
 
 Owns: `SessionIO`, the session's side of a sync connection: send a message or raw bytes,
-receive a message or exactly n raw bytes, sleep, read the clock. A method that may wait is a
+receive a message or exactly n raw bytes, sleep, pace, read the clock. A method that may wait is a
 generator (`msg = yield from io.recv()`): production's `BlockingIO` (a `SyncStream` on the
 session's own thread) blocks inside and never yields; the simulator's yields until its
 simulated network has the bytes. `run_blocking(session)` runs a session generator whose
@@ -33,6 +33,10 @@ class SessionIO(Protocol):
 
     def sleep(self, seconds: float) -> Generator[Any, None, None]: ...
 
+    def pace(self) -> Generator[Any, None, None]:
+        """A point where a stepped session lets time pass (the simulator's: a send takes
+        time there too); a blocking session goes on at once."""
+
     def now(self) -> float:
         """Seconds on the session's clock (monotonic)."""
 
@@ -60,6 +64,10 @@ class BlockingIO:
 
     def sleep(self, seconds: float) -> Generator[Any, None, None]:
         time.sleep(seconds)
+        return
+        yield
+
+    def pace(self) -> Generator[Any, None, None]:
         return
         yield
 

@@ -114,6 +114,7 @@ class SessionRunner:
         self.with_files = 0
         self.files_sent = 0
         self.files_changed = 0  # sessions failed because a file changed on the source
+        self.cancelled = 0  # replaced by a newer session for the same follower
 
     def start_session(self, m: SimNode, follower: int, first_version: int = 0) -> None:
         w = self.w
@@ -123,8 +124,13 @@ class SessionRunner:
         s = RestoreSession(m.node, follower, m.inc, w.nodes[follower].inc, w.conn_gen(m.node, follower),
                            m.replica.promised_epoch if m.replica else 0, files=files, began_at=w.now)
         old = self.sessions.get((m.node, follower))
-        if old is not None:
-            old.state = "done"  # replaced: production cancels it
+        if old is not None and old.state != "done":
+            # The follower asked again (a new SyncRequest): production cancels the old one,
+            # which tells neither replica (the new session supersedes it).
+            old.state = "done"
+            self.cancelled += 1
+            for side in old.sides:
+                side.gen.close()
         self.sessions[(m.node, follower)] = s
         self.started += 1
         self.with_files += files

@@ -108,5 +108,8 @@ class SimSessionIO:
     def sleep(self, seconds: float) -> Generator[Any, None, None]:
         yield max(1, round(seconds * UNITS_PER_SECOND))
 
+    def pace(self) -> Generator[Any, None, None]:
+        yield 1  # a unit per block sent: the master's WAL may grow while its tail is read
+
     def now(self) -> float:
         return self.clock() / UNITS_PER_SECOND
