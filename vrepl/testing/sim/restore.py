@@ -127,10 +127,10 @@ class SessionRunner:
         if old is not None and old.state != "done":
             # The follower asked again (a new SyncRequest): production cancels the old one,
             # which tells neither replica (the new session supersedes it).
+            # Its generators are dropped, not closed: this may run inside one of them (a
+            # call into the master's driver that starts a session).
             old.state = "done"
             self.cancelled += 1
-            for side in old.sides:
-                side.gen.close()
         self.sessions[(m.node, follower)] = s
         self.started += 1
         self.with_files += files
