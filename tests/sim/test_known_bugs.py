@@ -95,11 +95,9 @@ def test_a_replica_never_starts_without_the_epoch_history_of_its_wal():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="finding 6 (open, vrepl/replica/follower.py): a forward cached before"
-                   " SyncStart and then appended from the stream stays in the sync cache, so the follower"
-                   " stays syncing until it resyncs")
 def test_a_forward_appended_from_the_stream_leaves_no_stale_sync_cache_entry():
-    """Finding 6: n0 cached the live forward v305 before its SyncStart; the restore's WAL
+    """Finding 6 (fixed: Follower._append pops a cached copy of what it appends; the exact
+    case is tests/scenario/test_peer_input_scenarios.py): n0 cached the live forward v305 before its SyncStart; the restore's WAL
     stream appended v305 (Follower._take_forward appends v = last + 1 but leaves a cached copy
     of v; _drain_cache pops only last + 1 on), so len(cache) stays 1 and update_role keeps
     it syncing: recovery takes 421 ticks instead of 32 (with the cached copy popped on
