@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from vrepl.client_txn import Transaction, TransactionError
 from vrepl.errors import (
     BadRequestError,
     ClientError,
@@ -545,3 +546,14 @@ class Client:
         if limit is not None:
             q.append(f"limit={limit}")
         return self._get(vgroup, f"rows?{'&'.join(q)}", node)
+
+    def transaction(self, vgroup: int, label: str, timeout_ms: int | None = None) -> Transaction:
+        """A transaction of `vgroup` under `label` (docs/client-api.md §Transactions): `with
+        client.transaction(1, "job-7") as txn: txn.put(rows)` commits on a normal exit and
+        aborts on an exception; a label already VISIBLE (a retried job) loads nothing."""
+        return Transaction(self, vgroup, label, timeout_ms)
+
+    def transactions(self, vgroup: int, node: str | None = None, open_only: bool = False
+                     ) -> dict:
+        """GET /v1/vgroups/{vgroup}/txn from one replica (the master by default)."""
+        return self._get(vgroup, "txn?open=1" if open_only else "txn", node)

@@ -20,8 +20,9 @@ def begin(t: TxnTable, v: int, label: str, at: int = 0, timeout: int = 1000):
     return t.apply(v, TxnRecord("begin", v, label=label, timeout_ms=timeout, at_ms=at))
 
 
-def rows(t: TxnTable, v: int, txn: int, batch, tables=("cpu",)):
-    return t.apply(v, TxnRecord("rows", txn, rows=batch), batch, 10 * len(batch), tables)
+def rows(t: TxnTable, v: int, txn: int, batch, tables=("cpu",), seq=None):
+    rec = TxnRecord("rows", txn, rows=batch, seq=v if seq is None else seq)
+    return t.apply(v, rec, batch, 10 * len(batch), tables)
 
 
 def op(t: TxnTable, v: int, name: str, txn: int, at: int = 0, reason: str = ""):
@@ -30,13 +31,13 @@ def op(t: TxnTable, v: int, name: str, txn: int, at: int = 0, reason: str = ""):
 
 def test_record_round_trip_and_refusals():
     for rec in (TxnRecord("begin", 3, label="job-1", timeout_ms=5000, at_ms=17),
-                TxnRecord("rows", 3, rows=[["cpu", 1, {"x": 1}]]),
+                TxnRecord("rows", 3, rows=[["cpu", 1, {"x": 1}]], seq=4),
                 TxnRecord("precommit", 3, at_ms=18), TxnRecord("commit", 3, at_ms=19),
                 TxnRecord("abort", 3, at_ms=20, reason="client: gave up")):
         p = encode_txn_payload(rec)
         assert is_txn_payload(p) and decode_txn_payload(p, 4) == rec
-    p = encode_rows_payload(7, b'[["cpu",1,{"x":1.5}]]')
-    assert decode_txn_payload(p).rows == [["cpu", 1, {"x": 1.5}]]
+    p = encode_rows_payload(7, 2, b'[["cpu",1,{"x":1.5}]]')
+    assert decode_txn_payload(p) == TxnRecord("rows", 7, rows=[["cpu", 1, {"x": 1.5}]], seq=2)
     for bad, why in ((b"VRB\x09{", "malformed"), (b'VRB\x09{"op":"fly","txn":1}', "op 'fly'"),
                      (b'VRB\x09{"op":"begin","txn":1,"label":"a/b","timeout_ms":1,"at_ms":0}',
                       "label 'a/b'"),
@@ -93,6 +94,16 @@ def test_labels_duplicate_in_flight_reuse_after_abort():
     assert t.by_label("job").id == 4
     op(t, 5, "commit", 4)
     assert begin(t, 6, "job").effect == IGNORED and t.by_label("job").state == VISIBLE
+
+
+def test_a_batch_seq_is_staged_once():
+    t = TxnTable()
+    begin(t, 1, "a")
+    assert rows(t, 2, 1, ["r1"], seq=0).effect != IGNORED
+    out = rows(t, 3, 1, ["r1 again"], seq=0)         # a retried or speculative put
+    assert out.effect == IGNORED and "already staged" in out.reason
+    assert rows(t, 4, 1, ["r2"], seq=1).effect != IGNORED
+    assert op(t, 5, "commit", 1).batches == (["r1"], ["r2"])
 
 
 def test_replays_are_ignored_and_begin_must_name_its_own_version():

@@ -49,6 +49,7 @@ class Txn:
     rows: int = 0
     bytes: int = 0
     batches: list[Any] = field(default_factory=list)   # staged batches (the vnode's objects)
+    seqs: set[int] = field(default_factory=set)         # the batches' seq numbers
     last_version: int = 0            # its newest record applied
     finish_version: int = 0          # the commit (publish) or abort record, once applied
     finish_at_ms: int = 0
@@ -118,6 +119,10 @@ class TxnTable:
             if t.state != PREPARE:
                 return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}: it takes no more"
                                            " rows")
+            if rec.seq in t.seqs:
+                return Outcome(IGNORED, t, f"batch {rec.seq} of transaction {t.id} is already"
+                                           " staged")
+            t.seqs.add(rec.seq)
             t.batches.append(batch)
             t.bytes += nbytes
             t.rows += len(batch) if batch is not None else 0
@@ -130,11 +135,11 @@ class TxnTable:
             return Outcome(SEALED, t)
         if rec.op == "commit":
             batches = tuple(t.batches)
-            t.batches = []
+            t.batches, t.seqs = [], set()
             self._finish(t, VISIBLE, version, rec.at_ms, "")
             return Outcome(PUBLISHED, t, batches=batches)
         invariant(rec.op == "abort", "record ops are checked on decode")
-        t.batches = []
+        t.batches, t.seqs = [], set()
         self._finish(t, ABORTED, version, rec.at_ms, rec.reason or "aborted")
         self.aborts[abort_kind(t.reason)] += 1
         return Outcome(ABORTED_NOW, t)

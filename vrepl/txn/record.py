@@ -7,12 +7,14 @@ Must not: do I/O or know about the vnode, the node or the state machine.
 
     format 9: "VRB" | 0x09 | UTF-8 JSON object
       {"op": "begin", "txn": N, "label": L, "timeout_ms": T, "at_ms": A}
-      {"op": "rows", "txn": N, "rows": [[table, ts, {column: value}], ...]}
+      {"op": "rows", "txn": N, "seq": S, "rows": [[table, ts, {column: value}], ...]}
       {"op": "precommit", "txn": N, "at_ms": A}
       {"op": "commit", "txn": N, "at_ms": A}            the publish record
       {"op": "abort", "txn": N, "reason": R, "at_ms": A}
 
-`txn` is the version of the transaction's begin record (so a begin record's txn is its own
+`seq` names the batch within its transaction (the loader's choice, e.g. a Spark partition
+id): a second batch with a seq already staged is ignored, so a retried or speculative put
+never stages rows twice. `txn` is the version of the transaction's begin record (so a begin record's txn is its own
 version: the master knows it when it forwards); `at_ms` is the master's wall clock when it
 wrote the record (labels' retention is measured on it, so every replica prunes alike).
 """
@@ -48,11 +50,12 @@ class TxnRecord:
     at_ms: int = 0
     reason: str = ""
     rows: list[Any] = field(default_factory=list)
+    seq: int = 0
 
     def describe(self) -> str:
         """One stable line (logs, `vrepl wal dump`)."""
         extra = {"begin": f" label={self.label} timeout_ms={self.timeout_ms}",
-                 "rows": f" rows={len(self.rows)}", "abort": f" reason={self.reason!r}"}
+                 "rows": f" seq={self.seq} rows={len(self.rows)}", "abort": f" reason={self.reason!r}"}
         return f"txn {self.txn} {self.op}{extra.get(self.op, '')}"
 
 
@@ -71,7 +74,7 @@ def encode_txn_payload(rec: TxnRecord) -> bytes:
     if rec.op == "begin":
         doc.update(label=rec.label, timeout_ms=rec.timeout_ms, at_ms=rec.at_ms)
     elif rec.op == "rows":
-        doc["rows"] = rec.rows
+        doc.update(seq=rec.seq, rows=rec.rows)
     else:
         doc["at_ms"] = rec.at_ms
         if rec.op == "abort":
@@ -79,10 +82,10 @@ def encode_txn_payload(rec: TxnRecord) -> bytes:
     return HEADER + json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
-def encode_rows_payload(txn: int, rows_json: bytes) -> bytes:
+def encode_rows_payload(txn: int, seq: int, rows_json: bytes) -> bytes:
     """A "rows" record embedding a client's JSON array of rows as it was received (checked
     already), so the batch is not encoded a second time."""
-    return HEADER + b'{"op":"rows","txn":%d,"rows":' % txn + rows_json + b"}"
+    return HEADER + b'{"op":"rows","txn":%d,"seq":%d,"rows":' % (txn, seq) + rows_json + b"}"
 
 
 def _int(doc: dict, key: str, lo: int = 0) -> int:
@@ -115,7 +118,7 @@ def decode_txn_payload(payload: bytes | memoryview, version: int | None = None) 
             rows = doc.get("rows")
             if not isinstance(rows, list) or not rows:
                 raise ValueError("rows is not a non-empty array")
-            return TxnRecord(op, txn, rows=rows)
+            return TxnRecord(op, txn, rows=rows, seq=_int(doc, "seq"))
         reason = doc.get("reason", "")
         if type(reason) is not str or len(reason) > REASON_MAX:
             raise ValueError(f"reason is not a string of at most {REASON_MAX} characters")

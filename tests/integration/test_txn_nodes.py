@@ -1,0 +1,195 @@
+"""Transactions on three real `vrepl node` processes on 127.0.0.1 (docs/transactions.md,
+docs/client-api.md §Transactions): staged rows are invisible on every replica until the
+publish record is applied, then visible at one version everywhere; labels answer retries;
+refusals carry their reasons; a silent loader's transaction is aborted by the master's
+clock; a master failover between staging and publish loses nothing (the new master finds
+the staged rows in its log); labels are answered after a restart of every node."""
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from vrepl.client import Client
+from vrepl.client_txn import TransactionError
+from vrepl.node.local import LocalCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+VG = 1
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made: list[LocalCluster] = []
+
+    def make(**txn):
+        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG,
+                         txn=txn or None, http={"write_timeout_ms": 3000})
+        made.append(c)
+        c.start()
+        c.wait_ready()
+        c.wait_master(slaves=2)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def rows_of(c: LocalCluster, node: int, table: str) -> list[tuple]:
+    return [(r["ts"], r["_version"], r.get("x")) for r in c.replica_rows(node, table)]
+
+
+def call(c: LocalCluster, node: int, method: str, path: str, body: bytes | None = None):
+    cl = Client([c.nodes[node].http])
+    try:
+        return cl.request(c.nodes[node].http, method, f"/v1/vgroups/{VG}/{path}", body)
+    finally:
+        cl.close()
+
+
+def test_invisible_until_published_then_everywhere_at_one_version(cluster):
+    c = cluster()
+    with c.client() as cl:
+        txn = cl.transaction(VG, "load-1").begin()
+        assert txn.state == "PREPARE" and txn.id
+        txn.put([["cpu", 1, {"x": 1.0}], ["cpu", 2, {"x": 2.0}]])
+        txn.put([["mem", 1, {"x": 10}]])
+        cl.write(VG, [["other", 1, {"x": 5}]])      # a plain write meanwhile is visible
+        for n in c.nodes:
+            c.wait_for(f"n{n} has the plain write", lambda n=n: rows_of(c, n, "other"), 10)
+            assert rows_of(c, n, "cpu") == [] and rows_of(c, n, "mem") == []
+        shown = txn.show()
+        assert shown["state"] == "PREPARE" and shown["tables"] == ["cpu", "mem"]
+        assert shown["rows"] == 3 and "loader" in shown["waits_on"]
+        txn.precommit()
+        assert txn.state == "PRECOMMITTED"
+        done = txn.commit()
+        v = txn.visible_version
+        assert done["state"] == "VISIBLE" and v > txn.id
+        for n in c.nodes:
+            c.wait_for(f"n{n} publishes", lambda n=n: len(rows_of(c, n, "cpu")) == 2, 10)
+            assert rows_of(c, n, "cpu") == [(1, v, 1.0), (2, v, 2.0)]
+            assert rows_of(c, n, "mem") == [(1, v, 10)]
+            code, doc = call(c, n, "GET", f"txn/{txn.id}")
+            assert code == 200 and doc["state"] == "VISIBLE" and doc["visible_version"] == v
+        # A retried job: the same label answers the original transaction, loads nothing.
+        again = cl.transaction(VG, "load-1")
+        with again:
+            again.put([["cpu", 3, {"x": 3.0}]])
+        assert again.already_done and again.id == txn.id and again.visible_version == v
+        assert len(rows_of(c, c.master(), "cpu")) == 2
+        # Committing again answers the outcome; aborting a visible one is refused.
+        assert txn.commit()["duplicate"] is True
+        with pytest.raises(TransactionError, match="txn_visible"):
+            txn.abort()
+
+
+def test_abort_refusals_and_reuse_after_abort(cluster):
+    c = cluster(max_running=2)
+    with c.client() as cl:
+        with pytest.raises(RuntimeError, match="boom"):
+            with cl.transaction(VG, "job") as txn:
+                txn.put([["t", 1, {"x": 1}]])
+                raise RuntimeError("boom")
+        assert txn.show()["state"] == "ABORTED"
+        assert "RuntimeError" in txn.show()["reason"]
+        with pytest.raises(TransactionError, match="txn_aborted.*cannot be committed"):
+            txn.commit()
+        # A label whose transaction aborted may be used again: a new transaction.
+        with cl.transaction(VG, "job") as txn2:
+            txn2.put([["t", 2, {"x": 2}]])
+        assert txn2.id != txn.id and txn2.state == "VISIBLE"
+        assert [r[0] for r in rows_of(c, c.master(), "t")] == [2]
+        # Bad rows are refused, the transaction stays open; a schema conflict too.
+        t3 = cl.transaction(VG, "bad").begin()
+        with pytest.raises(TransactionError, match="bad_rows"):
+            t3.put([["t", "not a ts", {"x": 1}]])
+        with pytest.raises(TransactionError, match="bad_rows.*int"):
+            t3.put([["t", 5, {"x": "text"}]])
+        assert t3.show()["state"] == "PREPARE" and t3.show()["rows"] == 0
+        # Too many running: refused at begin with the reason.
+        t4 = cl.transaction(VG, "second").begin()
+        with pytest.raises(TransactionError, match="too_many_txns.*max_running 2"):
+            cl.transaction(VG, "third").begin()
+        t3.abort("no longer needed")
+        t4.abort()
+        assert cl.transaction(VG, "third").begin().state == "PREPARE"
+        code, doc = call(c, c.master(), "POST", "txn", b'{"label": "a/b"}')
+        assert code == 400 and doc["code"] == "bad_txn"
+        code, doc = call(c, c.master(), "POST", "txn/99999/commit", b"")
+        assert code == 404 and doc["code"] == "no_txn"
+
+
+def test_silent_loader_is_aborted_by_the_masters_clock(cluster):
+    c = cluster()
+    with c.client() as cl:
+        txn = cl.transaction(VG, "silent", timeout_ms=1500).begin()
+        txn.put([["s", 1, {"x": 1}]])
+        c.wait_for("the timeout abort", lambda: txn.show()["state"] == "ABORTED", 10, 0.2)
+        doc = txn.show()
+        assert doc["reason"].startswith("timeout") and doc["rows"] == 1
+        for n in c.nodes:
+            code, doc = call(c, n, "GET", f"txn/{txn.id}")
+            assert doc["state"] == "ABORTED" and rows_of(c, n, "s") == []
+        st = c.vgroup_status(c.master())["txn"]
+        assert st["aborts"] == {"timeout": 1} and st["states"]["ABORTED"] == 1
+
+
+def test_master_failover_between_staging_and_publish_and_labels_after_restart(cluster):
+    c = cluster()
+    m = c.master()
+    with c.client() as cl:
+        txn = cl.transaction(VG, "fail-over").begin()
+        txn.put([["f", i, {"x": i}] for i in range(1, 6)])
+        txn.precommit()
+    c.kill(m, signal.SIGKILL)
+    m2 = c.wait_master(slaves=1, timeout_s=20, exclude=m)
+    assert m2 != m
+    with c.client() as cl:
+        code, doc = call(c, m2, "GET", "txn/label:fail-over")
+        assert code == 200 and doc["state"] == "PRECOMMITTED" and doc["rows"] == 5
+        t2 = cl.transaction(VG, "fail-over")
+        t2.id = doc["txn"]
+        assert t2.commit()["state"] == "VISIBLE"
+        v = t2.visible_version
+    c.start(m)
+    c.wait_master(slaves=2, timeout_s=20)
+    for n in c.nodes:
+        c.wait_for(f"n{n} has the load", lambda n=n: len(rows_of(c, n, "f")) == 5, 20)
+        assert {r[1] for r in rows_of(c, n, "f")} == {v}
+    # Every node restarts: the label is still answered, the rows are there once.
+    c.stop_all()
+    c.start()
+    c.wait_ready()
+    c.wait_master(slaves=2, timeout_s=20)
+    with c.client() as cl:
+        again = cl.transaction(VG, "fail-over").begin()
+        assert again.already_done and again.visible_version == v
+    for n in c.nodes:
+        assert len(rows_of(c, n, "f")) == 5
+        code, doc = call(c, n, "GET", "txn?open=1")
+        assert code == 200 and doc["txns"] == []
+
+
+def test_labels_survive_a_flush_and_restart(cluster, tmp_path):
+    c = cluster()
+    with c.client() as cl:
+        with cl.transaction(VG, "flushed") as txn:
+            txn.put([["g", 1, {"x": 1}]])
+        v = txn.visible_version
+        for i in range(3):                      # records after it, then a flush by restart
+            cl.write(VG, [["h", i, {"x": i}]])
+    c.stop_all()         # SIGTERM: every vnode flushes the committed prefix
+    for n in c.nodes:
+        with open(f"{c.nodes[n].dir}/data/vg{VG}/data/txn_labels.json") as fh:
+            doc = json.load(fh)
+        assert [(d["label"], d["state"]) for d in doc["txns"]] == [("flushed", "VISIBLE")]
+    c.start()
+    c.wait_ready()
+    c.wait_master(slaves=2, timeout_s=20)
+    with c.client() as cl:
+        t = cl.transaction(VG, "flushed").begin()
+        assert t.already_done and t.visible_version == v
