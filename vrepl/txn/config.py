@@ -3,6 +3,7 @@
 Owns: TxnConfig and txn_config_invalid(). Must not: read files or the environment (the node
 maps its `[txn]` TOML table onto these names).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -12,11 +13,11 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class TxnConfig:
-    max_running: int = 100                    # open (PREPARE or PRECOMMITTED) per vgroup
-    max_staged_bytes: int = 256 * MIB         # rows staged by open transactions, per vgroup
-    timeout_ms: int = 60_000                  # default: abort a transaction still open after
-    max_timeout_ms: int = 3_600_000           # the largest timeout_ms a begin may ask for
-    label_retention_ms: int = 3 * 24 * 3_600_000   # finished labels answered this long
+    max_running: int = 100  # open (PREPARE or PRECOMMITTED) per vgroup
+    max_staged_bytes: int = 256 * MIB  # rows staged by open transactions, per vgroup
+    timeout_ms: int = 60_000  # default: abort a transaction still open after
+    max_timeout_ms: int = 3_600_000  # the largest timeout_ms a begin may ask for
+    label_retention_ms: int = 3 * 24 * 3_600_000  # finished labels answered this long
 
 
 def txn_config_invalid(cfg: TxnConfig) -> str | None:

@@ -17,6 +17,7 @@ that record's version), ABORTED (with its reason). COMMITTED is the master's vie
 transaction whose commit record is forwarded but not yet applied (vrepl/node/txnhost.py); a
 replica never holds it: commit and publish are one record here (§5 of the doc).
 """
+
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
@@ -26,20 +27,25 @@ from typing import Any, Iterable
 from vrepl.replica.invariant import invariant
 from vrepl.txn.record import TxnRecord
 
-PREPARE, PRECOMMITTED, COMMITTED, VISIBLE, ABORTED = (
-    "PREPARE", "PRECOMMITTED", "COMMITTED", "VISIBLE", "ABORTED")
+PREPARE, PRECOMMITTED, COMMITTED, VISIBLE, ABORTED = ("PREPARE", "PRECOMMITTED", "COMMITTED", "VISIBLE", "ABORTED")
 STATES = (PREPARE, PRECOMMITTED, COMMITTED, VISIBLE, ABORTED)
 OPEN = (PREPARE, PRECOMMITTED)
 LABELS_FORMAT = 1
 
 # Outcome effects (what applying a record did).
 BEGUN, STAGED, SEALED, PUBLISHED, ABORTED_NOW, IGNORED = (
-    "begun", "staged", "precommitted", "published", "aborted", "ignored")
+    "begun",
+    "staged",
+    "precommitted",
+    "published",
+    "aborted",
+    "ignored",
+)
 
 
 @dataclass
 class Txn:
-    id: int                          # the version of its begin record
+    id: int  # the version of its begin record
     label: str
     timeout_ms: int
     begin_at_ms: int
@@ -48,10 +54,10 @@ class Txn:
     tables: set[str] = field(default_factory=set)
     rows: int = 0
     bytes: int = 0
-    batches: list[Any] = field(default_factory=list)   # staged batches (the vnode's objects)
-    seqs: set[int] = field(default_factory=set)         # the batches' seq numbers
-    last_version: int = 0            # its newest record applied
-    finish_version: int = 0          # the commit (publish) or abort record, once applied
+    batches: list[Any] = field(default_factory=list)  # staged batches (the vnode's objects)
+    seqs: set[int] = field(default_factory=set)  # the batches' seq numbers
+    last_version: int = 0  # its newest record applied
+    finish_version: int = 0  # the commit (publish) or abort record, once applied
     finish_at_ms: int = 0
 
     @property
@@ -60,12 +66,21 @@ class Txn:
 
     def describe(self) -> dict[str, Any]:
         """The transaction as `show` answers it (docs/client-api.md §Transactions)."""
-        return {"txn": self.id, "label": self.label, "state": self.state, "reason": self.reason,
-                "tables": sorted(self.tables), "rows": self.rows, "bytes": self.bytes,
-                "begin_version": self.id, "begin_at_ms": self.begin_at_ms,
-                "timeout_ms": self.timeout_ms,
-                "visible_version": self.finish_version if self.state == VISIBLE else 0,
-                "finish_version": self.finish_version, "finish_at_ms": self.finish_at_ms}
+        return {
+            "txn": self.id,
+            "label": self.label,
+            "state": self.state,
+            "reason": self.reason,
+            "tables": sorted(self.tables),
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "begin_version": self.id,
+            "begin_at_ms": self.begin_at_ms,
+            "timeout_ms": self.timeout_ms,
+            "visible_version": self.finish_version if self.state == VISIBLE else 0,
+            "finish_version": self.finish_version,
+            "finish_at_ms": self.finish_at_ms,
+        }
 
 
 @dataclass(frozen=True)
@@ -87,16 +102,17 @@ class TxnTable:
     def __init__(self, label_retention_ms: int = 3 * 24 * 3600 * 1000) -> None:
         invariant(label_retention_ms > 0, "label retention is positive")
         self.label_retention_ms = label_retention_ms
-        self.txns: OrderedDict[int, Txn] = OrderedDict()   # by id (= begin version)
-        self.labels: dict[str, int] = {}                    # label -> its newest txn id
+        self.txns: OrderedDict[int, Txn] = OrderedDict()  # by id (= begin version)
+        self.labels: dict[str, int] = {}  # label -> its newest txn id
         self.applied_version = 0
-        self.now_ms = 0                                      # newest at_ms seen
-        self.counts: Counter[str] = Counter()                # transactions by state
-        self.aborts: Counter[str] = Counter()                # aborts by reason kind
+        self.now_ms = 0  # newest at_ms seen
+        self.counts: Counter[str] = Counter()  # transactions by state
+        self.aborts: Counter[str] = Counter()  # aborts by reason kind
 
     # -- applying records -------------------------------------------------------------------
-    def apply(self, version: int, rec: TxnRecord, batch: Any = None, nbytes: int = 0,
-              tables: Iterable[str] = ()) -> Outcome:
+    def apply(
+        self, version: int, rec: TxnRecord, batch: Any = None, nbytes: int = 0, tables: Iterable[str] = ()
+    ) -> Outcome:
         """Apply the record at `version`. A "rows" record passes the vnode's checked batch,
         its bytes and its tables. Never raises for an expected condition (an unknown or
         finished transaction, a duplicate label): the record is IGNORED with the reason,
@@ -109,19 +125,15 @@ class TxnTable:
             return self._begin(version, rec)
         t = self.txns.get(rec.txn)
         if t is None:
-            return Outcome(IGNORED, None, f"no transaction {rec.txn} (never begun, or its label"
-                                          " expired)")
+            return Outcome(IGNORED, None, f"no transaction {rec.txn} (never begun, or its label expired)")
         if not t.open:
-            return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}"
-                                       + (f" ({t.reason})" if t.reason else ""))
+            return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}" + (f" ({t.reason})" if t.reason else ""))
         t.last_version = version
         if rec.op == "rows":
             if t.state != PREPARE:
-                return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}: it takes no more"
-                                           " rows")
+                return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}: it takes no more rows")
             if rec.seq in t.seqs:
-                return Outcome(IGNORED, t, f"batch {rec.seq} of transaction {t.id} is already"
-                                           " staged")
+                return Outcome(IGNORED, t, f"batch {rec.seq} of transaction {t.id} is already staged")
             t.seqs.add(rec.seq)
             t.batches.append(batch)
             t.bytes += nbytes
@@ -146,12 +158,10 @@ class TxnTable:
 
     def _begin(self, version: int, rec: TxnRecord) -> Outcome:
         if rec.txn != version:
-            return Outcome(IGNORED, None, f"a begin record names txn {rec.txn}, not its own"
-                                          f" version {version}")
+            return Outcome(IGNORED, None, f"a begin record names txn {rec.txn}, not its own version {version}")
         prev = self.by_label(rec.label)
         if prev is not None and prev.state != ABORTED:
-            return Outcome(IGNORED, prev, f"label {rec.label} is transaction {prev.id}"
-                                          f" ({prev.state})")
+            return Outcome(IGNORED, prev, f"label {rec.label} is transaction {prev.id} ({prev.state})")
         t = Txn(version, rec.label, rec.timeout_ms, rec.at_ms, last_version=version)
         self.txns[version] = t
         self.labels[rec.label] = version
@@ -201,9 +211,11 @@ class TxnTable:
         never past the begin of a transaction that is not finished at the cut, since after
         a restart the WAL above the archive is all that rebuilds its staged rows."""
         cut = limit
-        while True:     # lowering the cut may catch an older transaction finished above it
-            low = min((t.id - 1 for t in self.txns.values()
-                       if t.id <= cut and (t.open or t.finish_version > cut)), default=cut)
+        while True:  # lowering the cut may catch an older transaction finished above it
+            low = min(
+                (t.id - 1 for t in self.txns.values() if t.id <= cut and (t.open or t.finish_version > cut)),
+                default=cut,
+            )
             if low == cut:
                 return cut
             cut = low
@@ -215,12 +227,14 @@ class TxnTable:
     def labels_doc(self, through_version: int) -> dict[str, Any]:
         """The finished transactions at or below `through_version` (the flush's cut), to be
         written next to the manifest: after a restart the WAL above the cut replays the rest."""
-        done = [t for t in self.txns.values()
-                if not t.open and t.finish_version <= through_version]
-        return {"format": LABELS_FORMAT, "through_version": through_version,
-                "aborts": dict(self.aborts), "now_ms": self.now_ms,
-                "txns": [{k: v for k, v in t.describe().items()
-                          if k not in ("visible_version",)} for t in done]}
+        done = [t for t in self.txns.values() if not t.open and t.finish_version <= through_version]
+        return {
+            "format": LABELS_FORMAT,
+            "through_version": through_version,
+            "aborts": dict(self.aborts),
+            "now_ms": self.now_ms,
+            "txns": [{k: v for k, v in t.describe().items() if k not in ("visible_version",)} for t in done],
+        }
 
     def load_labels(self, doc: dict[str, Any], archived_version: int) -> None:
         """Load a labels file. Entries finished above `archived_version` are dropped (the
@@ -233,10 +247,20 @@ class TxnTable:
         for d in sorted(doc.get("txns", []), key=lambda d: d["txn"]):
             if d["finish_version"] > archived_version or d["state"] not in (VISIBLE, ABORTED):
                 continue
-            t = Txn(d["txn"], d["label"], d["timeout_ms"], d["begin_at_ms"], state=d["state"],
-                    reason=d["reason"], tables=set(d["tables"]), rows=d["rows"],
-                    bytes=d["bytes"], last_version=d["finish_version"],
-                    finish_version=d["finish_version"], finish_at_ms=d["finish_at_ms"])
+            t = Txn(
+                d["txn"],
+                d["label"],
+                d["timeout_ms"],
+                d["begin_at_ms"],
+                state=d["state"],
+                reason=d["reason"],
+                tables=set(d["tables"]),
+                rows=d["rows"],
+                bytes=d["bytes"],
+                last_version=d["finish_version"],
+                finish_version=d["finish_version"],
+                finish_at_ms=d["finish_at_ms"],
+            )
             self.txns[t.id] = t
             self.labels[t.label] = t.id
             self.counts[t.state] += 1

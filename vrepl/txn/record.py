@@ -18,6 +18,7 @@ never stages rows twice. `txn` is the version of the transaction's begin record 
 version: the master knows it when it forwards); `at_ms` is the master's wall clock when it
 wrote the record (labels' retention is measured on it, so every replica prunes alike).
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,11 @@ class TxnRecord:
 
     def describe(self) -> str:
         """One stable line (logs, `vrepl wal dump`)."""
-        extra = {"begin": f" label={self.label} timeout_ms={self.timeout_ms}",
-                 "rows": f" seq={self.seq} rows={len(self.rows)}", "abort": f" reason={self.reason!r}"}
+        extra = {
+            "begin": f" label={self.label} timeout_ms={self.timeout_ms}",
+            "rows": f" seq={self.seq} rows={len(self.rows)}",
+            "abort": f" reason={self.reason!r}",
+        }
         return f"txn {self.txn} {self.op}{extra.get(self.op, '')}"
 
 
@@ -112,8 +116,9 @@ def decode_txn_payload(payload: bytes | memoryview, version: int | None = None) 
             reason = label_invalid(doc.get("label"))
             if reason is not None:
                 raise ValueError(reason)
-            return TxnRecord(op, txn, label=doc["label"], timeout_ms=_int(doc, "timeout_ms", 1),
-                             at_ms=_int(doc, "at_ms"))
+            return TxnRecord(
+                op, txn, label=doc["label"], timeout_ms=_int(doc, "timeout_ms", 1), at_ms=_int(doc, "at_ms")
+            )
         if op == "rows":
             rows = doc.get("rows")
             if not isinstance(rows, list) or not rows:
