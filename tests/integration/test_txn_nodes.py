@@ -182,14 +182,18 @@ def test_labels_survive_a_flush_and_restart(cluster, tmp_path):
         v = txn.visible_version
         for i in range(3):                      # records after it, then a flush by restart
             cl.write(VG, [["h", i, {"x": i}]])
-    c.stop_all()         # SIGTERM: every vnode flushes the committed prefix
-    for n in c.nodes:
-        with open(f"{c.nodes[n].dir}/data/vg{VG}/data/txn_labels.json") as fh:
-            doc = json.load(fh)
-        assert [(d["label"], d["state"]) for d in doc["txns"]] == [("flushed", "VISIBLE")]
+    m = c.master()
+    c.stop_all()         # SIGTERM: the master's vnode flushes the committed prefix
+    with open(f"{c.nodes[m].dir}/data/vg{VG}/data/txn_labels.json") as fh:
+        doc = json.load(fh)
+    assert [(d["label"], d["state"]) for d in doc["txns"]] == [("flushed", "VISIBLE")]
     c.start()
     c.wait_ready()
     c.wait_master(slaves=2, timeout_s=20)
     with c.client() as cl:
         t = cl.transaction(VG, "flushed").begin()
         assert t.already_done and t.visible_version == v
+    for n in c.nodes:        # every replica answers it, from its labels file or its WAL
+        code, shown = call(c, n, "GET", "txn/label:flushed")
+        assert code == 200 and shown["state"] == "VISIBLE" and shown["visible_version"] == v
+        assert rows_of(c, n, "g") == [(1, v, 1)]

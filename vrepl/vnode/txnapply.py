@@ -17,9 +17,9 @@ import os
 from typing import Any
 
 from vrepl.txn.machine import PREPARE, PUBLISHED, Outcome, TxnTable
-from vrepl.txn.record import decode_txn_payload
+from vrepl.txn.record import TxnPayloadError, decode_txn_payload
 from vrepl.vnode import rows as R
-from vrepl.vnode.errors import ApplyError, ArchiveError
+from vrepl.vnode.errors import ApplyError, ArchiveError, PayloadError
 from vrepl.vnode.files import write_atomic
 
 LABELS_NAME = "txn_labels.json"
@@ -65,7 +65,11 @@ class VnodeTxns:
         to the memtable at `version` (the published batches, concatenated), their bytes).
         A "rows" record whose rows conflict with the schemas is an ApplyError naming the
         version (the master checked them: a conflict here means diverged replicas)."""
-        rec = decode_txn_payload(payload, version)
+        try:
+            rec = decode_txn_payload(payload, version)
+        except TxnPayloadError as exc:     # the vnode's kind of error: the node handles it
+            raise PayloadError(str(exc).split("malformed transaction payload: ")[-1],
+                               version) from None
         added: dict[str, dict[str, str]] = {}
         batch, nbytes, tables = None, 0, ()
         if rec.op == "rows":
