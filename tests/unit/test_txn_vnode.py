@@ -122,3 +122,25 @@ def test_a_crash_between_labels_file_and_manifest_loses_nothing(tmp_path):
     assert lg.v.archived_version == 0
     assert q(lg.v, "cpu") == [(1, c, 1)]       # replayed from the WAL, not skipped
     assert lg.v.txns.table.by_label("x").finish_version == c
+
+
+def test_the_validation_replay_shows_a_transaction_only_at_its_publish(tmp_path):
+    from vrepl.spark.inputs import replay_wal
+    from vrepl.spark.model import ReplicaSpec
+
+    def rec(v, payload):
+        return (v, 1, 1, payload)
+
+    b = encode_txn_payload(TxnRecord("begin", 1, label="a", timeout_ms=1, at_ms=0))
+    r = encode_rows_payload(1, 0, b'[["cpu",1,{"x":1}],["mem",2,{"x":2.5}]]')
+    c = encode_txn_payload(TxnRecord("commit", 1, at_ms=0))
+    spec = ReplicaSpec(1, 1, str(tmp_path))
+    findings: list = []
+    staged_only = replay_wal(spec, 0, {}, [rec(1, b), rec(2, r)], findings)
+    assert staged_only == {} and findings == []
+    schemas: dict = {}
+    rows = replay_wal(spec, 0, schemas, [rec(1, b), rec(2, r), rec(3, c)], findings)
+    assert rows == {("cpu", 1): (3, 1, {"x": 1}), ("mem", 2): (3, 1, {"x": 2.5})}
+    assert schemas == {"cpu": {"x": "int"}, "mem": {"x": "float"}} and findings == []
+    replay_wal(spec, 0, {}, [rec(1, b"VRB\x09{")], findings)
+    assert [f.kind for f in findings] == ["wal_bad_payload"]

@@ -32,6 +32,8 @@ from vrepl import wal as _wal
 from vrepl._core import record as _rec
 from vrepl.errors import InputError
 from vrepl.spark.model import Finding, ReplicaSpec
+from vrepl.spark.txnreplay import TxnReplay
+from vrepl.txn.record import is_txn_payload
 from vrepl.vnode.errors import ArchiveError, PayloadError
 from vrepl.vnode.files import ARROW_TYPES, MANIFEST_NAME, ArchivedFile, Manifest, file_magic
 from vrepl.vnode import staging as S
@@ -359,6 +361,7 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
     staged files; a round whose files are not staged is a finding (`round_not_staged`)."""
     rows: dict[tuple[str, int], tuple[int, int, dict[str, Any]]] = {}
     applied = archived_version
+    txns = TxnReplay(spec)      # format 9: rows appear at their publish record's version
     for version, epoch, msg_type, payload in records:
         if version <= applied:
             continue
@@ -367,6 +370,9 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
             continue
         if S.is_ingest_payload(payload):
             _pending_round(spec, version, epoch, payload, schemas, findings, pending)
+            continue
+        if is_txn_payload(payload):
+            txns.apply(version, epoch, payload, schemas, findings, rows)
             continue
         try:
             batch, added, conflict = decode_checked(payload, version, None, schemas)
