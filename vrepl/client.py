@@ -534,10 +534,13 @@ class Client:
         return self._get(vgroup, "tables", node)
 
     def read(self, vgroup: int, table: str, start: int | None = None, end: int | None = None,
-             node: str | None = None, limit: int | None = None) -> dict:
+             node: str | None = None, limit: int | None = None, as_of: int | None = None
+             ) -> dict:
         """Rows of `table` with start <= ts < end from one replica (the master by default):
         {"rows": [{"ts", "_version", "_epoch", columns...}], "exists", "truncated",
-        "version", ...}; "exists" is False when the replica holds no row of the table."""
+        "version", "visible_version", ...}; "exists" is False when the replica holds no row
+        of the table. `as_of=V`: once the replica applied V, without the rows written after
+        V (docs/client-api.md §Read)."""
         q = [f"table={table}"]
         if start is not None:
             q.append(f"start={start}")
@@ -545,6 +548,8 @@ class Client:
             q.append(f"end={end}")
         if limit is not None:
             q.append(f"limit={limit}")
+        if as_of is not None:
+            q.append(f"as_of={as_of}")
         return self._get(vgroup, f"rows?{'&'.join(q)}", node)
 
     def transaction(self, vgroup: int, label: str, timeout_ms: int | None = None) -> Transaction:

@@ -75,6 +75,13 @@ def test_invisible_until_published_then_everywhere_at_one_version(cluster):
             assert rows_of(c, n, "mem") == [(1, v, 10)]
             code, doc = call(c, n, "GET", f"txn/{txn.id}")
             assert code == 200 and doc["state"] == "VISIBLE" and doc["visible_version"] == v
+            # Reads carry the version they saw; "as of" a version before the publish leaves
+            # the transaction out, as of the publish shows all of it.
+            doc = cl.read(VG, "cpu", node=c.nodes[n].http)
+            assert doc["visible_version"] >= v
+            before = cl.read(VG, "cpu", node=c.nodes[n].http, as_of=v - 1)
+            assert before["rows"] == [] and before["left_out"] == 2
+            assert len(cl.read(VG, "cpu", node=c.nodes[n].http, as_of=v)["rows"]) == 2
         # A retried job: the same label answers the original transaction, loads nothing.
         again = cl.transaction(VG, "load-1")
         with again:

@@ -381,7 +381,12 @@ class Node:
                 return error(400, "bad_query", f"{name} {text[:40]!r} is outside int64")
         if not 0 < vals["limit"] <= limit_max:
             return error(400, "bad_query", f"limit must be in 1..{limit_max} (max_query_rows)")
-        return vg.query(table, vals["start"], vals["end"], vals["limit"])
+        as_of = q.get("as_of")
+        if as_of is not None and (not as_of.isdigit() or len(as_of) > 18):
+            return error(400, "bad_query", f"as_of {as_of[:40]!r} is not a version (an integer"
+                         " >= 0)")
+        return vg.query(table, vals["start"], vals["end"], vals["limit"],
+                        int(as_of) if as_of is not None else None)
 
     def status(self) -> dict[str, Any]:
         cfg = self.cfg

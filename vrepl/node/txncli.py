@@ -1,4 +1,4 @@
-"""`vrepl txn list|show|abort` (docs/transactions.md §9, docs/operations.md §Transactions).
+"""`vrepl txn list|show|abort` (docs/transactions.md §10, docs/operations.md §Transactions).
 
 Owns: the three commands' parsers and their output (a table, or --json). They talk to a
 node's HTTP API through vrepl.client (list and show on the node named, abort on the
