@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import signal
+import urllib.request
 
 import pytest
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from vrepl.client import Client
 from vrepl.client_txn import TransactionError
@@ -143,6 +146,16 @@ def test_silent_loader_is_aborted_by_the_masters_clock(cluster):
             assert doc["state"] == "ABORTED" and rows_of(c, n, "s") == []
         st = c.vgroup_status(c.master())["txn"]
         assert st["aborts"] == {"timeout": 1} and st["states"]["ABORTED"] == 1
+        code, _ = call(c, c.master(), "POST", "txn", b'{"label": "x", "timeout_ms": 0}')
+        assert code == 400
+    with urllib.request.urlopen(f"http://{c.nodes[c.master()].http}/metrics") as resp:
+        text = resp.read().decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("vrepl_txn_aborts_total", (("reason", "timeout"), ("vgroup", "1")))] == 1
+    assert samples[("vrepl_txns", (("state", "ABORTED"), ("vgroup", "1")))] == 1
+    assert samples[("vrepl_txn_refusals_total", (("code", "bad_txn"), ("vgroup", "1")))] == 1
+    assert samples[("vrepl_txn_staged_bytes", (("vgroup", "1"),))] == 0
 
 
 def test_master_failover_between_staging_and_publish_and_labels_after_restart(cluster):
