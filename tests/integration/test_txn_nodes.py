@@ -27,8 +27,8 @@ VG = 1
 def cluster(tmp_path):
     made: list[LocalCluster] = []
 
-    def make(**txn):
-        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG,
+    def make(vnode: dict | None = None, **txn):
+        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG, vnode=vnode,
                          txn=txn or None, http={"write_timeout_ms": 3000})
         made.append(c)
         c.start()
@@ -217,3 +217,62 @@ def test_labels_survive_a_flush_and_restart(cluster, tmp_path):
         code, shown = call(c, n, "GET", "txn/label:flushed")
         assert code == 200 and shown["state"] == "VISIBLE" and shown["visible_version"] == v
         assert rows_of(c, n, "g") == [(1, v, 1)]
+
+
+def test_paused_loader_same_ts_big_batch_and_concurrent_begins(cluster):
+    c = cluster(vnode={"max_payload_bytes": 1024 * 1024}, max_staged_bytes=64 * 1024 * 1024)
+    with c.client() as cl:
+        # A loader paused (SIGSTOP) holding a pre-committed transaction: the master's clock
+        # aborts it; when the loader wakes up its commit is refused with the reason.
+        held = cl.transaction(VG, "paused", timeout_ms=1200).begin()
+        held.put([["p", 1, {"x": 1}]])
+        held.precommit()
+        c.wait_for("the timeout abort", lambda: held.show()["state"] == "ABORTED", 10, 0.2)
+        with pytest.raises(TransactionError, match="txn_aborted.*timeout: still PRECOMMITTED"):
+            held.commit()
+        # Two transactions writing the same (table, ts): the one published later wins.
+        first = cl.transaction(VG, "first").begin()
+        second = cl.transaction(VG, "second").begin()
+        first.put([["same", 7, {"x": 1}]])
+        second.put([["same", 7, {"x": 2}]])
+        second.commit()
+        first.commit()
+        assert first.visible_version > second.visible_version
+        rows = rows_of(c, c.master(), "same")
+        assert rows == [(7, first.visible_version, 1)]
+        # A batch larger than one WAL record (max_payload_bytes 1 MiB here) is refused, the
+        # transaction stays open and takes it in smaller batches.
+        big = cl.transaction(VG, "big").begin()
+        huge = [["big", i, {"s": "y" * 2000}] for i in range(1000)]
+        with pytest.raises(TransactionError, match="above max_payload_bytes"):
+            big.put(huge)
+        big.put(huge[:100])
+        assert big.commit()["rows"] == 100
+    # Concurrent begins with one label: one transaction, both answered with it.
+    import concurrent.futures
+    m = c.master()
+
+    def begin_once() -> dict:
+        return call(c, m, "POST", "txn", b'{"label": "race"}')[1]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: begin_once(), range(4)))
+    assert len({a["txn"] for a in answers}) == 1, answers
+    assert sum(1 for a in answers if not a["duplicate"]) == 1
+
+
+def test_a_slave_killed_between_staging_and_publish_catches_up(cluster):
+    c = cluster()
+    m = c.master()
+    slave = next(n for n in c.nodes if n != m)
+    with c.client() as cl:
+        txn = cl.transaction(VG, "slave-down").begin()
+        txn.put([["sd", i, {"x": i}] for i in range(1, 11)])
+        c.kill(slave, signal.SIGKILL)
+        txn.put([["sd", i, {"x": i}] for i in range(11, 21)])
+        done = txn.commit()                 # the other slave makes the quorum
+    c.start(slave)
+    c.wait_master(slaves=2, timeout_s=20)
+    c.wait_for("the slave catches up", lambda: len(rows_of(c, slave, "sd")) == 20, 20)
+    assert {r[1] for r in rows_of(c, slave, "sd")} == {done["visible_version"]}
+    code, doc = call(c, slave, "GET", "txn/label:slave-down")
+    assert doc["state"] == "VISIBLE" and doc["rows"] == 20
