@@ -20,7 +20,7 @@ replica never holds it: commit and publish are one record here (§5 of the doc).
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -103,6 +103,10 @@ class TxnTable:
         invariant(label_retention_ms > 0, "label retention is positive")
         self.label_retention_ms = label_retention_ms
         self.txns: OrderedDict[int, Txn] = OrderedDict()  # by id (= begin version)
+        self.open: dict[int, Txn] = {}  # the open ones (few), by id
+        # (finish version, id) of the finished ones in finish order: retention prunes from
+        # the front, flush_limit looks at the back; both cost what they touch, not all.
+        self.finished: deque[tuple[int, int]] = deque()
         self.labels: dict[str, int] = {}  # label -> its newest txn id
         self.applied_version = 0
         self.now_ms = 0  # newest at_ms seen
@@ -164,6 +168,7 @@ class TxnTable:
             return Outcome(IGNORED, prev, f"label {rec.label} is transaction {prev.id} ({prev.state})")
         t = Txn(version, rec.label, rec.timeout_ms, rec.at_ms, last_version=version)
         self.txns[version] = t
+        self.open[version] = t
         self.labels[rec.label] = version
         self.counts[PREPARE] += 1
         return Outcome(BEGUN, t)
@@ -178,15 +183,25 @@ class TxnTable:
         t.reason = reason
         t.finish_version = t.last_version = version
         t.finish_at_ms = at_ms
+        del self.open[t.id]
+        self.finished.append((version, t.id))
         self.prune()
 
     def prune(self) -> list[int]:
         """Forget finished transactions older than the label retention (by the records'
         clock): a later begin with their label starts a new transaction. Returns their ids."""
         horizon = self.now_ms - self.label_retention_ms
-        gone = [t.id for t in self.txns.values() if not t.open and t.finish_at_ms < horizon]
-        for tid in gone:
-            t = self.txns.pop(tid)
+        gone = []
+        while self.finished:
+            tid = self.finished[0][1]
+            t = self.txns.get(tid)
+            if t is not None and t.finish_at_ms >= horizon:
+                break
+            self.finished.popleft()
+            if t is None:
+                continue
+            gone.append(tid)
+            del self.txns[tid]
             self.counts[t.state] -= 1
             if self.labels.get(t.label) == tid:
                 del self.labels[t.label]
@@ -201,21 +216,23 @@ class TxnTable:
         return self.txns.get(tid) if tid is not None else None
 
     def open_txns(self) -> list[Txn]:
-        return [t for t in self.txns.values() if t.open]
+        return sorted(self.open.values(), key=lambda t: t.id)
 
     def staged_bytes(self) -> int:
-        return sum(t.bytes for t in self.txns.values() if t.open)
+        return sum(t.bytes for t in self.open.values())
 
     def flush_limit(self, limit: int) -> int:
         """The highest version a flush may archive, given `limit` (docs/transactions.md §4):
         never past the begin of a transaction that is not finished at the cut, since after
         a restart the WAL above the archive is all that rebuilds its staged rows."""
-        cut = limit
+        cut = min([limit, *(t.id - 1 for t in self.open.values() if t.id <= limit)])
         while True:  # lowering the cut may catch an older transaction finished above it
-            low = min(
-                (t.id - 1 for t in self.txns.values() if t.id <= cut and (t.open or t.finish_version > cut)),
-                default=cut,
-            )
+            low = cut
+            for finish_version, tid in reversed(self.finished):
+                if finish_version <= cut:
+                    break
+                if tid <= low:
+                    low = tid - 1
             if low == cut:
                 return cut
             cut = low
@@ -242,6 +259,8 @@ class TxnTable:
         replays them."""
         invariant(doc.get("format") == LABELS_FORMAT, "labels file format 1")
         self.txns.clear()
+        self.open.clear()
+        self.finished.clear()
         self.labels.clear()
         self.counts.clear()
         for d in sorted(doc.get("txns", []), key=lambda d: d["txn"]):
@@ -264,6 +283,8 @@ class TxnTable:
             self.txns[t.id] = t
             self.labels[t.label] = t.id
             self.counts[t.state] += 1
+        for t in sorted(self.txns.values(), key=lambda t: t.finish_version):
+            self.finished.append((t.finish_version, t.id))
         self.aborts = Counter(doc.get("aborts", {}))
         self.now_ms = max(self.now_ms, int(doc.get("now_ms", 0)))
         self.applied_version = max(self.applied_version, archived_version)
