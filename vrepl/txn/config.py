@@ -17,7 +17,7 @@ class TxnConfig:
     max_staged_bytes: int = 256 * MIB  # rows staged by open transactions, per vgroup
     timeout_ms: int = 60_000  # default: abort a transaction still open after
     max_timeout_ms: int = 3_600_000  # the largest timeout_ms a begin may ask for
-    label_retention_ms: int = 3 * 24 * 3_600_000  # finished labels answered this long
+    label_retention_ms: int = 3_600_000  # finished labels answered this long (1 h)
 
 
 def txn_config_invalid(cfg: TxnConfig) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from vrepl.replica.invariant import invariant
+from vrepl.txn.config import TxnConfig
 from vrepl.txn.record import TxnRecord
 
 PREPARE, PRECOMMITTED, COMMITTED, VISIBLE, ABORTED = ("PREPARE", "PRECOMMITTED", "COMMITTED", "VISIBLE", "ABORTED")
@@ -99,7 +100,7 @@ class TxnTable:
     """Every transaction of one vgroup. `apply(version, record)` in version order (records
     at or below the newest applied are ignored: replays are harmless)."""
 
-    def __init__(self, label_retention_ms: int = 3 * 24 * 3600 * 1000) -> None:
+    def __init__(self, label_retention_ms: int = TxnConfig.label_retention_ms) -> None:
         invariant(label_retention_ms > 0, "label retention is positive")
         self.label_retention_ms = label_retention_ms
         self.txns: OrderedDict[int, Txn] = OrderedDict()  # by id (= begin version)

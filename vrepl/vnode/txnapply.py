@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any
 
+from vrepl.txn.config import TxnConfig
 from vrepl.txn.machine import PREPARE, PUBLISHED, Outcome, TxnTable
 from vrepl.txn.record import TxnPayloadError, decode_txn_payload
 from vrepl.vnode import rows as R
@@ -23,7 +24,7 @@ from vrepl.vnode.errors import ApplyError, ArchiveError, PayloadError
 from vrepl.vnode.files import write_atomic
 
 LABELS_NAME = "txn_labels.json"
-DEFAULT_LABEL_RETENTION_MS = 3 * 24 * 3_600_000
+DEFAULT_LABEL_RETENTION_MS = TxnConfig.label_retention_ms
 
 
 class VnodeTxns:
