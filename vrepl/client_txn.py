@@ -19,12 +19,7 @@ import random
 import time
 from typing import Any, Iterable, Sequence
 
-from vrepl.errors import BadRequestError, ClientError, NotWrittenError, OutcomeUnknownError
-
-
-class TransactionError(BadRequestError):
-    """A step refused (4xx): the transaction is in another state (aborted, visible, sealed),
-    the label or rows are bad, or a limit was reached. `status`, `code`, `reason`."""
+from vrepl.errors import ClientError, NotWrittenError, OutcomeUnknownError, TransactionError
 
 
 class Transaction:

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vrepl.errors import VreplError
+from vrepl.errors import TxnPayloadError
 
 MAGIC = b"VRB"
 TXN_FORMAT = 9
@@ -36,10 +36,6 @@ LABEL_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 LABEL_RULE = "[A-Za-z0-9_.:-]{1,128}"
 REASON_MAX = 200
 INT64_MAX = (1 << 63) - 1
-
-
-class TxnPayloadError(VreplError, ValueError):
-    """A format-9 payload that does not decode (names the version when known)."""
 
 
 @dataclass(frozen=True)
