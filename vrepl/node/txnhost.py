@@ -296,21 +296,22 @@ class Txns:
             return self._refuse(409, "txn_not_open", f"transaction {t.id} is {self._state(t)}"
                                 f"{self._why(t)}: it takes no more rows")
         vnode = self.host.vnode
-        reason, _, _ = vnode.prepare_raw(body)  # type: ignore[union-attr]
-        if reason is not None:
-            return self._refuse(400, "bad_rows", f"transaction {t.id}: {reason} (nothing"
-                                " staged; the transaction stays open)")
+        staged = vnode.txns.table.staged_bytes()  # type: ignore[union-attr]
+        if staged + len(body) > self.cfg.max_staged_bytes:
+            return self._refuse(429, "too_many_staged_bytes", f"transaction {t.id}: {staged} +"
+                                f" {len(body)} bytes would exceed max_staged_bytes"
+                                f" {self.cfg.max_staged_bytes} (nothing staged)")
         payload = encode_rows_payload(t.id, seq, bytes(body))
         limit = self.host.node_cfg.vnode.max_payload_bytes
         if len(payload) > limit:
             return self._refuse(413, "too_large", f"transaction {t.id}: the batch's record would"
                                 f" be {len(payload)} bytes, above max_payload_bytes {limit}:"
                                 " put it in several batches")
-        staged = vnode.txns.table.staged_bytes()  # type: ignore[union-attr]
-        if staged + len(body) > self.cfg.max_staged_bytes:
-            return self._refuse(429, "too_many_staged_bytes", f"transaction {t.id}: {staged} +"
-                                f" {len(body)} bytes would exceed max_staged_bytes"
-                                f" {self.cfg.max_staged_bytes} (nothing staged)")
+        # Checked (and its new columns reserved, as a write's) only once it will be sent.
+        reason, _, _ = vnode.prepare_raw(body)  # type: ignore[union-attr]
+        if reason is not None:
+            return self._refuse(400, "bad_rows", f"transaction {t.id}: {reason} (nothing"
+                                " staged; the transaction stays open)")
         return await self._step(payload, "rows", KP_ROWS)
 
     async def precommit(self, key: str) -> Response:
