@@ -276,3 +276,42 @@ def test_a_slave_killed_between_staging_and_publish_catches_up(cluster):
     assert {r[1] for r in rows_of(c, slave, "sd")} == {done["visible_version"]}
     code, doc = call(c, slave, "GET", "txn/label:slave-down")
     assert doc["state"] == "VISIBLE" and doc["rows"] == 20
+
+
+def test_vrepl_txn_list_show_abort(cluster):
+    import subprocess
+    import sys
+
+    c = cluster()
+    node = c.nodes[next(iter(c.nodes))].http
+    with c.client() as cl:
+        t = cl.transaction(VG, "cli-job").begin()
+        t.put([["c", 1, {"x": 1}], ["d", 2, {"x": 2}]])
+
+    def vrepl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-P", "-m", "vrepl.cli", "txn", *args],
+                              capture_output=True, text=True, timeout=60)
+    out = vrepl("list", "--node", node)
+    assert out.returncode == 0, out.stderr
+    head, line = out.stdout.splitlines()[:2]
+    assert head.split()[:4] == ["txn", "label", "state", "tables"]
+    assert line.split()[:5] == [str(t.id), "cli-job", "PREPARE", "c,d", "2"]
+    assert "loader" in line
+    out = vrepl("show", "label:cli-job", "--node", node, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["rows"] == 2
+    out = vrepl("abort", str(t.id), "--node", node, "--reason", "operator says no")
+    assert out.returncode == 0, out.stderr
+    assert "ABORTED (client: operator says no)" in out.stdout
+    out = vrepl("list", "--node", node, "--open")
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 1
+    with c.client() as cl:
+        done = cl.transaction(VG, "cli-done")
+        with done:
+            done.put([["c", 3, {"x": 3}]])
+    out = vrepl("abort", "label:cli-done", "--node", node)
+    assert out.returncode == 1 and "txn_visible" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = vrepl("show", "424242", "--node", node)
+    assert out.returncode == 1 and "no_txn" in out.stderr
+    out = vrepl("list", "--node", "127.0.0.1:1")
+    assert out.returncode == 4 and out.stderr.startswith("vrepl: error:")
