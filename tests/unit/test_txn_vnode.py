@@ -144,3 +144,26 @@ def test_the_validation_replay_shows_a_transaction_only_at_its_publish(tmp_path)
     assert schemas == {"cpu": {"x": "int"}, "mem": {"x": "float"}} and findings == []
     replay_wal(spec, 0, {}, [rec(1, b"VRB\x09{")], findings)
     assert [f.kind for f in findings] == ["wal_bad_payload"]
+
+
+def test_validation_compares_transaction_outcomes_across_replicas(tmp_path):
+    from vrepl.spark.checks import txn_findings
+    from vrepl.spark.inputs import load_replica
+    from vrepl.spark.model import ReplicaSpec
+
+    paths = []
+    for i, fate in enumerate(("commit", "commit", "abort")):
+        lg = Log(str(tmp_path / f"n{i}"))
+        t = lg.begin("job")
+        lg.rows(t, b'[["cpu",1,{"x":1}],["cpu",2,{"x":2}]]')
+        c, _ = lg.step(fate, t, "client")
+        lg.v.flush(None, c)               # the labels file holds it
+        lg.write([["cpu", 9, {"x": 9}]])  # and the WAL above
+        lg.wal.close()
+        paths.append(lg.path)
+    reps = [load_replica(ReplicaSpec(1, i + 1, p)) for i, p in enumerate(paths)]
+    assert reps[0].txns == {1: ("job", "VISIBLE", 3, 2)} == reps[1].txns
+    assert txn_findings(1, reps[:2]) == []
+    found = txn_findings(1, reps)
+    assert [f.kind for f in found] == ["txn_outcome_differs"]
+    assert "replica 3: ABORTED at v0" in found[0].message

@@ -7,10 +7,12 @@ records) or decide anything the vnode would not.
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from vrepl.spark.model import Finding, ReplicaSpec
-from vrepl.txn.machine import PREPARE, PUBLISHED, TxnTable
+from vrepl.txn.machine import PREPARE, PUBLISHED, VISIBLE, TxnTable
 from vrepl.txn.record import TxnPayloadError, decode_txn_payload
 from vrepl.vnode.rows import check_rows
 
@@ -19,6 +21,24 @@ class TxnReplay:
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
         self.table = TxnTable()
+
+    def load(self, archived_version: int, findings: list[Finding]) -> None:
+        """The replica's labels file (docs/transactions.md §4), if any: the transactions
+        finished in its archive."""
+        path = os.path.join(self.spec.path, "data", "txn_labels.json")
+        try:
+            with open(path, "rb") as fh:
+                self.table.load_labels(json.loads(fh.read()), archived_version)
+        except FileNotFoundError:
+            self.table.applied_version = archived_version
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            findings.append(Finding("files", "txn_labels_unreadable", f"{path}: {exc}",
+                                    self.spec.vgroup, self.spec.replica, "data/txn_labels.json"))
+
+    def outcomes(self) -> dict[int, tuple[str, str, int, int]]:
+        """Every finished transaction: id -> (label, state, visible version, rows)."""
+        return {t.id: (t.label, t.state, t.finish_version if t.state == VISIBLE else 0, t.rows)
+                for t in self.table.txns.values() if not t.open}
 
     def apply(self, version: int, epoch: int, payload: bytes,
               schemas: dict[str, dict[str, str]], findings: list[Finding],
