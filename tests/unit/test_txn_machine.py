@@ -74,13 +74,15 @@ def test_commit_after_abort_and_abort_after_commit_are_ignored_with_reasons():
     op(t, 3, "abort", 1, reason="client: changed its mind")
     out = op(t, 4, "commit", 1)
     assert out.effect == IGNORED and "ABORTED (client: changed its mind)" in out.reason
-    assert out.batches == ()
-    begin(t, 5, "b")
-    op(t, 6, "commit", 5)
-    out = op(t, 7, "abort", 5, reason="client")
-    assert out.effect == IGNORED and "is VISIBLE" in out.reason
+    assert out.batches == () and not out.duplicate
+    assert op(t, 5, "abort", 1).duplicate         # a repeated abort: already done
+    begin(t, 6, "b")
+    op(t, 7, "commit", 6)
+    assert op(t, 8, "commit", 6).duplicate        # a repeated commit: already done
+    out = op(t, 9, "abort", 6, reason="client")
+    assert out.effect == IGNORED and "is VISIBLE" in out.reason and not out.duplicate
     assert t.aborts == {"client": 1}
-    assert op(t, 8, "commit", 99).reason.startswith("no transaction 99")
+    assert op(t, 10, "commit", 99).reason.startswith("no transaction 99")
 
 
 def test_labels_duplicate_in_flight_reuse_after_abort():

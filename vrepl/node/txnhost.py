@@ -388,7 +388,7 @@ class Txns:
             return self._unknown(status, version, what)
         killpoint(kp)
         if outcome.effect == IGNORED:
-            if what == "begin" and outcome.txn is not None:
+            if outcome.duplicate and outcome.txn is not None:    # a repeated step: its answer
                 return self._answer(outcome.txn, duplicate=True)
             return error(409, "txn_refused", f"the {what} record at v{version} was ignored:"
                          f" {outcome.reason}", outcome="written", version=version)

@@ -88,12 +88,15 @@ class Txn:
 class Outcome:
     """What applying one record did: `effect` (BEGUN, STAGED, SEALED, PUBLISHED, ABORTED_NOW,
     IGNORED), the transaction it concerns (None: unknown id), the reason when IGNORED, and,
-    for PUBLISHED, the staged batches to apply at the record's version."""
+    for PUBLISHED, the staged batches to apply at the record's version. `duplicate`: an
+    IGNORED step that was already done (a repeated begin, batch seq, pre-commit, commit of a
+    VISIBLE or abort of an ABORTED transaction): its answer is the transaction as it is."""
 
     effect: str
     txn: Txn | None
     reason: str = ""
     batches: tuple[Any, ...] = ()
+    duplicate: bool = False
 
 
 class TxnTable:
@@ -132,13 +135,15 @@ class TxnTable:
         if t is None:
             return Outcome(IGNORED, None, f"no transaction {rec.txn} (never begun, or its label expired)")
         if not t.open:
-            return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}" + (f" ({t.reason})" if t.reason else ""))
+            done = (rec.op, t.state) in (("commit", VISIBLE), ("abort", ABORTED))
+            why = f"transaction {t.id} is {t.state}" + (f" ({t.reason})" if t.reason else "")
+            return Outcome(IGNORED, t, why, duplicate=done)
         t.last_version = version
         if rec.op == "rows":
             if t.state != PREPARE:
                 return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}: it takes no more rows")
             if rec.seq in t.seqs:
-                return Outcome(IGNORED, t, f"batch {rec.seq} of transaction {t.id} is already staged")
+                return Outcome(IGNORED, t, f"batch {rec.seq} of transaction {t.id} is already staged", duplicate=True)
             t.seqs.add(rec.seq)
             t.batches.append(batch)
             t.bytes += nbytes
@@ -147,7 +152,7 @@ class TxnTable:
             return Outcome(STAGED, t)
         if rec.op == "precommit":
             if t.state == PRECOMMITTED:
-                return Outcome(IGNORED, t, f"transaction {t.id} is already PRECOMMITTED")
+                return Outcome(IGNORED, t, f"transaction {t.id} is already PRECOMMITTED", duplicate=True)
             self._move(t, PRECOMMITTED)
             return Outcome(SEALED, t)
         if rec.op == "commit":
@@ -166,7 +171,7 @@ class TxnTable:
             return Outcome(IGNORED, None, f"a begin record names txn {rec.txn}, not its own version {version}")
         prev = self.by_label(rec.label)
         if prev is not None and prev.state != ABORTED:
-            return Outcome(IGNORED, prev, f"label {rec.label} is transaction {prev.id} ({prev.state})")
+            return Outcome(IGNORED, prev, f"label {rec.label} is transaction {prev.id} ({prev.state})", duplicate=True)
         t = Txn(version, rec.label, rec.timeout_ms, rec.at_ms, last_version=version)
         self.txns[version] = t
         self.open[version] = t
