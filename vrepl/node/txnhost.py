@@ -432,6 +432,8 @@ class Txns:
                 or host.sync is None or host.loop is None:
             return
         table = self._table()
+        if table is None:
+            return
         now = time.monotonic()
         for t in table.open_txns():
             deadline = self.deadlines.setdefault(t.id, now + t.timeout_ms / 1000)
