@@ -95,8 +95,11 @@ class VnodeFlush:
             return self.flush(wal, up_to_version)
 
     def _limit(self, up_to_version: int | None) -> int:
-        return self.applied_version if up_to_version is None \
+        limit = self.applied_version if up_to_version is None \
             else min(up_to_version, self.applied_version)
+        # Never past the begin of a transaction unfinished at the cut (docs/transactions.md
+        # §4): its staged rows are rebuilt from the WAL above the archive.
+        return self.txns.flush_limit(limit)
 
     def _next_cut(self, limit: int, strict: bool) -> tuple[int, PendingIngest | None]:
         """(lock held) Where the next flush step cuts, and the round it applies if any: the
@@ -179,6 +182,9 @@ class VnodeFlush:
                             self._imem = None
                     raise
                 with self._lock:
+                    # The labels of the transactions finished up to the cut, before the
+                    # manifest that archives it (docs/transactions.md §4).
+                    self.txns.save(cut)
                     manifest = Manifest(old.precision, old.file_span_ms, cut, epoch, schemas,
                                         files)
                     self._store.commit(manifest, superseded)
