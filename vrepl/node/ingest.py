@@ -34,6 +34,12 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
 
     IngestFile(name: str, table: str, origin: str = "", size: int | None = None,
                crc32c: int | None = None)
+    IngestRemove(name: str, size: int, crc32c: int)
+        `remove=` of ingest() (Rounds.ingest, `host.rounds.ingest`): an ingested file of the
+        archive (its name there, `data/<table>/b<bucket>-i<version>-<k>.parquet`, size and
+        magic as the manifest names it) that the same record removes, at the same flush
+        point as its adds (record version 2, docs/vnode.md §9.2). A round adds 0..1000 and
+        removes 0..1000 files, at least one in all.
         `name`: relative to staging_dir(), '/'-separated components of [A-Za-z0-9_.-]
         (not starting with '.'), at most 255 bytes; `table`: the table its rows belong to;
         `origin`: who wrote the rows (printable, at most 128 bytes): their `_version` and
@@ -78,6 +84,7 @@ from vrepl.untrusted import printable
 from vrepl.vnode import Vnode
 from vrepl.vnode import staging as S
 from vrepl.vnode.errors import VnodeError
+from vrepl.vnode.staging import IngestRemove
 from vrepl.vnode.rows import NOOP_PAYLOAD, TABLE_NAME_RE
 
 
@@ -127,15 +134,20 @@ class IngestResult(NamedTuple):
     applied: bool        # archived on this node already (rows visible in queries here)
 
 
-def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any) -> str | None:
+def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any,
+                    remove: Sequence[IngestRemove] = ()) -> str | None:
     """Why a round's arguments are refused before any file is read, or None."""
     if type(kind) is not str or S.KIND_RE.fullmatch(kind) is None:
         return f"kind {str(kind)[:40]!r} does not match {S.KIND_RULE}"
     reason = S.meta_invalid(meta)
     if reason is not None:
         return reason
-    if not 1 <= len(files) <= S.MAX_ROUND_FILES:
-        return f"a round names 1..{S.MAX_ROUND_FILES} files, got {len(files)}"
+    reason = S.counts_invalid(len(files), len(remove))
+    if reason is not None:
+        return reason
+    for r in remove:
+        if not isinstance(r, IngestRemove):
+            return f"{r!r} is not an IngestRemove"
     seen: set[str] = set()
     for f in files:
         if not isinstance(f, IngestFile):
@@ -153,6 +165,25 @@ def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any) -> str | 
             return reason
         seen.add(f.name)
     return None
+
+
+def _archived_key(vnode: Vnode, name: str) -> tuple[int, int, int] | None:
+    """(size, magic, ingest_version) of the archived file `name`, or None."""
+    try:
+        e = vnode.archived_entry(name)
+    except VnodeError:
+        return None
+    return None if e is None else (e.size, e.magic, e.ingest_version)
+
+
+def _pending_names(vnode: Vnode) -> dict[str, tuple[int, int]]:
+    """Archive name -> (size, magic) of every file of the rounds not archived yet (a
+    removal may name one: it is applied after them, in version order)."""
+    out: dict[str, tuple[int, int]] = {}
+    for p in vnode.pending_ingests():
+        for k, f in enumerate(p.record.files):
+            out[p.record.archive_name(p.version, k)] = (f.size, f.crc32c)
+    return out
 
 
 @dataclass
@@ -273,11 +304,12 @@ class Rounds:
             raise err
 
     async def ingest(self, files: Sequence[IngestFile], kind: str,
-                     meta: Mapping[str, Any] | None = None) -> IngestResult:
+                     meta: Mapping[str, Any] | None = None,
+                     remove: Sequence[IngestRemove] = ()) -> IngestResult:
         self._check_refusal()
         files = list(files)
         meta = {} if meta is None else dict(meta)
-        reason = request_invalid(files, kind, meta)
+        reason = request_invalid(files, kind, meta, remove)
         if reason is not None:
             self._count("rounds_refused")
             raise IngestFileError(reason)
@@ -288,21 +320,24 @@ class Rounds:
         names = {f.name for f in files}
         self._in_flight |= names
         try:
-            return await self._ingest(files, kind, meta)
+            return await self._ingest(files, kind, meta, tuple(remove))
         finally:
             self._in_flight -= names
 
-    async def _ingest(self, files: list[IngestFile], kind: str,
-                      meta: dict[str, Any]) -> IngestResult:
+    async def _ingest(self, files: list[IngestFile], kind: str, meta: dict[str, Any],
+                      remove: tuple[IngestRemove, ...] = ()) -> IngestResult:
         host = self.host
         vnode, loop = host.vnode, host.loop
         if vnode is None or loop is None:       # closed by a stop or a self-restore meanwhile
             raise IngestError("not_running", f"vg{host.id}: this node is not serving the vgroup")
         entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
                                                       vnode.schemas)
-        rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries))
-        reason = S.round_invalid(entries)
+        rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries), remove)
+        reason = S.round_invalid(entries, len(remove))
         self._check_refusal()
+        if reason is None and remove:
+            reason = S.removes_invalid(remove, functools.partial(_archived_key, vnode),
+                                       _pending_names(vnode))
         if reason is None:
             reason = vnode.reserve_columns(rec)
         payload = S.encode_ingest_payload(rec)

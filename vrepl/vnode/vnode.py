@@ -647,6 +647,10 @@ class Vnode:
                         step, superseded, files = [], [], list(old.files)
                     if ingest is not None:
                         killpoint(KP_APPLY_FILES)
+                        # Record version 2: the files it removes leave this manifest and
+                        # are deleted once it is durable (as superseded files are).
+                        files, removed = S.apply_removes(files, ingest.record.removes)
+                        superseded = superseded + removed
                         files += self._link_round(ingest)
                         killpoint(KP_APPLY_LINK)
                 except BaseException:
