@@ -1,0 +1,281 @@
+"""A replica's side of a round of ingested files: staging the files a record names, and
+serving them to the other replicas (docs/vnode.md §9.3 step 3, §9.6; issue 16).
+
+`Fetcher` stages a round's missing files on this replica: from its own `incoming/` when a
+producer put the same bytes there, else fetched from another replica over a FETCH
+connection; and answers the FETCH connections of the other replicas. `Rounds`
+(vrepl/node/ingest.py) owns one, runs `stage_job` on its ingest executor, and acks the
+record once the job is done.
+Must not: run on the I/O thread (every method blocks on disk or sockets), ack, write the
+WAL, or touch the archive (the vnode applies a round: vrepl/vnode/staging.py, vnode.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from typing import Callable, Protocol
+
+from vrepl._core import crc32c as _crc
+from vrepl.config import parse_endpoint
+from vrepl.errors import FetchFailed, FrameError
+from vrepl.killpoints import killpoint, register
+from vrepl.node.config import NodeConfig, VgroupSpec
+from vrepl.restore import protocol as P
+from vrepl.restore.errors import PeerError, RestoreError
+from vrepl.restore.stream import SyncStream, connect_sync
+from vrepl.sync import SyncInstance
+from vrepl.transport.codec import ConnKind
+from vrepl.vnode import Vnode
+from vrepl.vnode import staging as S
+from vrepl.vnode.errors import VnodeError
+from vrepl.vnode.rows import TABLE_NAME_RE
+
+log = logging.getLogger("vrepl.node")
+
+# docs/vnode.md §9.5 (the master's and the ack's kill points are in vrepl/node/ingest.py).
+KP_FETCH_RECEIVED = register("ingest.fetch.after_receive",
+                             "a replica fetching a file: its bytes are in a .part file,"
+                             " checked, not fsynced or renamed")
+KP_SLAVE_STAGED = register("ingest.slave.after_stage",
+                           "a replica: every file of the round is staged; the record is not"
+                           " acknowledged yet")
+
+
+class StagingJob:
+    """Staging the missing files of one round on this replica (executor thread)."""
+
+    def __init__(self, version: int, record: S.IngestRecord) -> None:
+        self.version = version
+        self.record = record
+        self.cancelled = False
+        self.attempts = 0
+        self.stream: SyncStream | None = None       # the fetch in progress (closed to cancel)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.timer is not None:
+            self.timer.cancel()
+        stream = self.stream
+        if stream is not None:
+            stream.close()
+
+class IngestHost(Protocol):
+    """What Rounds needs of its VgroupHost (vrepl/node/vgroup.py, which owns a Rounds: not
+    imported here, so the two modules do not import each other)."""
+
+    id: int
+    node_id: int
+    path: str
+    node_cfg: NodeConfig
+    spec: VgroupSpec
+    vnode: Vnode | None
+    sync: SyncInstance | None
+    loop: asyncio.AbstractEventLoop | None
+    state: str
+    role: str
+    epoch: int
+    master: int | None
+    next_version: int
+    stopping: bool
+
+    def _role_now(self) -> tuple[str, int | None]: ...
+
+    def _maybe_flush(self) -> None: ...
+
+
+class Fetcher:
+    """Stages the files of rounds on this replica and serves them to the others (see the
+    module doc). Every method blocks: the ingest executor or a FETCH connection's thread."""
+
+    def __init__(self, host: IngestHost, count: Callable[..., None]) -> None:
+        self.host = host
+        self._count = count         # Rounds' counters (thread-safe)
+
+    @property
+    def path(self) -> str:
+        return self.host.path
+
+    @property
+    def fsync(self) -> bool:
+        return self.host.node_cfg.vnode.fsync
+
+    def stage_job(self, job: StagingJob) -> None:
+        """(ingest executor) Stage every missing file of the round: from incoming/ when a
+        producer put the same bytes there, else fetched from another replica."""
+        rec = job.record
+        missing = S.missing_staged(self.path, rec)
+        for k in list(missing):
+            if job.cancelled:
+                return
+            if self._from_incoming(rec, k):
+                missing.remove(k)
+        if missing:
+            self._fetch(job, missing)
+        killpoint(KP_SLAVE_STAGED)
+
+    def _from_incoming(self, rec: S.IngestRecord, k: int) -> bool:
+        f = rec.files[k]
+        try:
+            full = S.confined_incoming(self.path, f.name)
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (ValueError, OSError):
+            return False
+        try:
+            if os.fstat(fd).st_size != f.size or S.file_crc_magic(fd) != (f.size, f.crc32c):
+                return False
+        finally:
+            os.close(fd)
+        S.stage_file(full, self.path, rec.round, k, self.fsync)
+        self._count("files_from_incoming")
+        return True
+
+    def _sources(self) -> list[int]:
+        """Replicas to fetch from: the master this node follows first, then the others."""
+        host = self.host
+        others = [n for n in host.spec.replicas if n != host.node_id and n in host.node_cfg.nodes]
+        master = host.master
+        return ([master] if master in others else []) + [n for n in others if n != master]
+
+    def _fetch(self, job: StagingJob, missing: list[int]) -> None:
+        """(ingest executor) Fetch files `missing` of the round over FETCH connections, one
+        per source; FetchFailed when some are still missing after every source."""
+        host = self.host
+        rc = host.node_cfg.restore
+        errors = []
+        for node in self._sources():
+            if job.cancelled or not missing:
+                break
+            where = host.node_cfg.nodes[node].replication_endpoint
+            h, p = parse_endpoint(where)
+            try:
+                stream = connect_sync(h, p, secret=host.node_cfg.secret, kind=ConnKind.FETCH,
+                                      vgroup_id=host.id, node=host.node_id, target_node=node,
+                                      timeout_s=rc.connect_timeout_s, io_timeout_s=rc.io_timeout_s)
+            except (PeerError, OSError) as exc:
+                errors.append(f"n{node}: {exc}")
+                continue
+            job.stream = stream
+            try:
+                for k in list(missing):
+                    if job.cancelled:
+                        return
+                    got = self._fetch_one(stream, job, k)
+                    if got is None:
+                        missing.remove(k)
+                        self._count("files_fetched")
+                    else:
+                        errors.append(f"n{node}: {got}")
+            except (PeerError, RestoreError, FrameError, OSError) as exc:
+                errors.append(f"n{node}: {exc}")
+            finally:
+                job.stream = None
+                stream.close()
+        if missing and not job.cancelled:
+            raise FetchFailed(f"files {missing} of round {job.record.round}: "
+                              + ("; ".join(errors) or "no other replica to fetch from"))
+
+    def _fetch_one(self, stream: SyncStream, job: StagingJob, k: int) -> str | None:
+        """Ask for file k; None once it is staged, else why this source cannot give it."""
+        rec, version = job.record, job.version
+        f = rec.files[k]
+        stream.send(P.FetchRequest(version, k, f.size, f.crc32c, f.bucket, rec.round, f.table))
+        info = stream.recv()
+        if type(info) is not P.FileInfo or info.index != k:
+            raise PeerError(f"expected file_info #{k}, got {info.describe()}")
+        if info.magic == 0:
+            return f"has no file {k} of the round"
+        if (info.size, info.magic) != (f.size, f.crc32c):
+            raise PeerError(f"announces file {k} with {info.size} bytes, magic {info.magic:#x}")
+        data = stream.recv()
+        if type(data) is not P.FileData or data.index != k or data.size != f.size:
+            raise PeerError(f"expected file_data #{k} of {f.size} bytes, got {data.describe()}")
+        final = S.abspath(self.path, rec.staged_name(k))
+        part = final + S.PART_SUFFIX
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        st = os.statvfs(os.path.dirname(final))
+        if st.f_bavail * st.f_frsize < f.size:
+            raise RestoreError(f"not enough disk space for file {k} ({f.size} bytes)")
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        crc = 0
+        ok = False
+        try:
+            def take(view: memoryview) -> None:
+                nonlocal crc
+                crc = _crc.crc32c(view, crc)
+                off = 0
+                while off < len(view):
+                    off += os.write(fd, view[off:])
+            stream.recv_raw(f.size, take)
+            if (crc or 1) != f.crc32c:
+                return f"sent file {k} with magic {crc or 1:#010x}, the record says {f.crc32c:#010x}"
+            ok = True
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise RestoreError(f"no space left on device while staging file {k}") from None
+            raise
+        finally:
+            os.close(fd)
+            if not ok:
+                try:
+                    os.unlink(part)
+                except OSError:
+                    pass
+        killpoint(KP_FETCH_RECEIVED)
+        S.stage_file(part, self.path, rec.round, k, self.fsync)
+        return None
+
+    # -- serving fetches (a thread per FETCH connection) ------------------------------------------
+    def serve_fetch(self, stream: SyncStream, node: int) -> None:
+        """(SyncCallbacks.serve_fetch) Answer FETCH_REQUESTs until the other side closes: a
+        staged file of the round, else the archived file it became, else magic 0."""
+        host = self.host
+        while True:
+            try:
+                msg = stream.recv()
+            except PeerError:
+                return                      # closed: the usual end
+            if type(msg) is not P.FetchRequest:
+                stream.send_error(f"expected fetch_request, got {msg.describe()}")
+                return
+            found = self._locate(msg)
+            if found is None:
+                stream.send(P.FileInfo(msg.index, 0, 0, ""))
+                continue
+            fd, name = found
+            try:
+                stream.send(P.FileInfo(msg.index, msg.size, msg.magic, name))
+                stream.send(P.FileData(msg.index, msg.size))
+                stream.sendfile(fd, 0, msg.size)
+            finally:
+                os.close(fd)
+            self._count("files_served")
+            log.debug("vg%d n%d: served %s to n%d", host.id, host.node_id, name, node)
+
+    def _locate(self, msg: P.FetchRequest) -> tuple[int, str] | None:
+        """An open descriptor and the name of this node's copy of the requested file (its
+        size as asked; the fetching side checks the CRC), or None."""
+        if S.ROUND_RE.fullmatch(msg.round_id) is None or TABLE_NAME_RE.fullmatch(msg.table) is None \
+                or not 0 <= msg.index < S.MAX_ROUND_FILES:
+            return None
+        names = [S.staged_name(msg.round_id, msg.index)]
+        vnode = self.host.vnode
+        archived = S.archive_name(msg.table, msg.bucket, msg.version, msg.index)
+        try:
+            entry = vnode.archived_entry(archived) if vnode is not None else None
+        except VnodeError:
+            entry = None
+        if entry is not None and (entry.size, entry.magic) == (msg.size, msg.magic):
+            names.append(archived)
+        for name in names:
+            try:
+                fd = os.open(S.abspath(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if os.fstat(fd).st_size == msg.size:
+                return fd, name
+            os.close(fd)
+        return None
