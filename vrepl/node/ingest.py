@@ -65,6 +65,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -275,6 +276,7 @@ class Rounds:
         vnode, loop = host.vnode, host.loop
         if vnode is None or loop is None:       # closed by a stop or a self-restore meanwhile
             raise IngestError("not_running", f"vg{host.id}: this node is not serving the vgroup")
+        t_start = time.monotonic()
         entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
                                                       vnode.schemas)
         rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries), remove)
@@ -293,6 +295,7 @@ class Rounds:
             self._count("rounds_refused")
             raise IngestFileError(reason)
         killpoint(KP_MASTER_CHECKED)
+        t_checked = time.monotonic()
         try:
             await loop.run_in_executor(self.pool(), S.stage_round, self.path, rec, sources,
                                        self.fsync)
@@ -302,6 +305,7 @@ class Rounds:
             raise IngestFileError(f"cannot stage the round: {exc.strerror or exc}:"
                                   f" {printable(str(exc.filename or ''))}") from None
         killpoint(KP_MASTER_STAGED)
+        t_staged = time.monotonic()
         version = host.next_version
         err = self._refusal()
         if err is None:
@@ -347,7 +351,15 @@ class Rounds:
                               version=version)
         killpoint(KP_MASTER_CONFIRMED)
         self._count("rounds_ingested")
+        t_committed = time.monotonic()
         applied = await self._wait_applied(version, timeout_s)
+        t_end = time.monotonic()
+        # Where a round's time goes (docs/benchmarks.md §ship reads these).
+        log.info("vg%d n%d: round %s at v%d: %d files checked in %.3f s, staged in %.3f s,"
+                 " committed in %.3f s, %s in %.3f s", host.id, host.node_id, rec.round,
+                 version, len(rec.files), t_checked - t_start, t_staged - t_checked,
+                 t_committed - t_staged, "applied" if applied else "not applied",
+                 t_end - t_committed, extra={"event": "ingest_round_done", "version": version})
         return IngestResult(version, epoch, rec.rows, len(rec.files), applied)
 
     def _check_files(self, files: list[IngestFile], schemas: dict[str, dict[str, str]]
@@ -505,6 +517,7 @@ class Rounds:
         if job.cancelled or self._stopped:
             return
         job.timer = None
+        job.started = time.monotonic()
         fut = self.host.loop.run_in_executor(self.pool(), self.fetcher.stage_job, job)  # type: ignore[union-attr]
         fut.add_done_callback(functools.partial(self._job_done, job))
 
@@ -535,8 +548,10 @@ class Rounds:
         if vnode is None or not vnode.ingest_staged(job.version):
             return
         self._count("rounds_staged")
-        log.info("vg%d n%d: round %s at v%d staged", host.id, host.node_id, job.record.round,
-                 job.version, extra={"event": "ingest_staged", "version": job.version})
+        log.info("vg%d n%d: round %s at v%d staged (%d files) in %.3f s", host.id, host.node_id,
+                 job.record.round, job.version, len(job.record.files),
+                 time.monotonic() - job.started,
+                 extra={"event": "ingest_staged", "version": job.version})
         if sync is not None and host.state == "serving" and host.role != "master":
             bound = self.ack_bound(vnode.get_version())
             if bound >= job.version:

@@ -12,10 +12,11 @@ WAL, or touch the archive (the vnode applies a round: vrepl/vnode/staging.py, vn
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 import os
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from vrepl._core import crc32c as _crc
 from vrepl.config import parse_endpoint
@@ -34,6 +35,8 @@ from vrepl.vnode.rows import TABLE_NAME_RE
 
 log = logging.getLogger("vrepl.node")
 
+FETCH_WINDOW = 32      # FETCH_REQUESTs a replica sends ahead of the answers (§9.6)
+
 # docs/vnode.md §9.5 (the master's and the ack's kill points are in vrepl/node/ingest.py).
 KP_FETCH_RECEIVED = register("ingest.fetch.after_receive",
                              "a replica fetching a file: its bytes are in a .part file,"
@@ -51,6 +54,7 @@ class StagingJob:
         self.record = record
         self.cancelled = False
         self.attempts = 0
+        self.started = 0.0                          # time.monotonic() of the last attempt
         self.stream: SyncStream | None = None       # the fetch in progress (closed to cancel)
         self.timer: asyncio.TimerHandle | None = None
 
@@ -107,30 +111,36 @@ class Fetcher:
         producer put the same bytes there, else fetched from another replica."""
         rec = job.record
         missing = S.missing_staged(self.path, rec)
+        local = []
         for k in list(missing):
             if job.cancelled:
                 return
-            if self._from_incoming(rec, k):
+            src = self._incoming_copy(rec, k)
+            if src is not None:
+                local.append((src, k))
                 missing.remove(k)
+        S.stage_files(self.path, rec.round, local, self.fsync)
+        if local:
+            self._count("files_from_incoming", len(local))
         if missing:
             self._fetch(job, missing)
         killpoint(KP_SLAVE_STAGED)
 
-    def _from_incoming(self, rec: S.IngestRecord, k: int) -> bool:
+    def _incoming_copy(self, rec: S.IngestRecord, k: int) -> str | None:
+        """The path of file k of the round in this node's incoming/ if the producer put the
+        same bytes there (size and CRC-32C as the record says), else None."""
         f = rec.files[k]
         try:
             full = S.confined_incoming(self.path, f.name)
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except (ValueError, OSError):
-            return False
+            return None
         try:
             if os.fstat(fd).st_size != f.size or S.file_crc_magic(fd) != (f.size, f.crc32c):
-                return False
+                return None
         finally:
             os.close(fd)
-        S.stage_file(full, self.path, rec.round, k, self.fsync)
-        self._count("files_from_incoming")
-        return True
+        return full
 
     def _sources(self) -> list[int]:
         """Replicas to fetch from: the master this node follows first, then the others."""
@@ -144,7 +154,7 @@ class Fetcher:
         per source; FetchFailed when some are still missing after every source."""
         host = self.host
         rc = host.node_cfg.restore
-        errors = []
+        errors: list[str] = []
         for node in self._sources():
             if job.cancelled or not missing:
                 break
@@ -158,30 +168,62 @@ class Fetcher:
                 errors.append(f"n{node}: {exc}")
                 continue
             job.stream = stream
+            parts: list[tuple[str, int]] = []
             try:
-                for k in list(missing):
-                    if job.cancelled:
-                        return
-                    got = self._fetch_one(stream, job, k)
-                    if got is None:
-                        missing.remove(k)
-                        self._count("files_fetched")
-                    else:
-                        errors.append(f"n{node}: {got}")
+                self._fetch_from(stream, job, missing, parts, f"n{node}", errors)
             except (PeerError, RestoreError, FrameError, OSError) as exc:
                 errors.append(f"n{node}: {exc}")
             finally:
                 job.stream = None
                 stream.close()
+            if job.cancelled:
+                _unlink_all(part for part, _ in parts)
+                return
+            # What this source gave is staged before the next is asked (all fsynced, then
+            # renamed, then one directory fsync: S.stage_files).
+            try:
+                S.stage_files(self.path, job.record.round, parts, self.fsync)
+            except OSError:
+                _unlink_all(part for part, _ in parts)
+                raise
+            for _, k in parts:
+                missing.remove(k)
+            self._count("files_fetched", len(parts))
         if missing and not job.cancelled:
             raise FetchFailed(f"files {missing} of round {job.record.round}: "
                               + ("; ".join(errors) or "no other replica to fetch from"))
 
-    def _fetch_one(self, stream: SyncStream, job: StagingJob, k: int) -> str | None:
-        """Ask for file k; None once it is staged, else why this source cannot give it."""
+    def _fetch_from(self, stream: SyncStream, job: StagingJob, missing: list[int],
+                    parts: list[tuple[str, int]], source: str, errors: list[str]) -> None:
+        """Ask `source` for every file of `missing`, FETCH_WINDOW requests ahead of the
+        answers (the source answers in order), and receive each into a checked `.part`;
+        (part, k) of each one received joins `parts`, why a file is not there joins
+        `errors`."""
         rec, version = job.record, job.version
+        todo = iter(list(missing))
+        asked: collections.deque[int] = collections.deque()
+        while True:
+            while len(asked) < FETCH_WINDOW:
+                k = next(todo, None)
+                if k is None:
+                    break
+                f = rec.files[k]
+                stream.send(P.FetchRequest(version, k, f.size, f.crc32c, f.bucket, rec.round,
+                                           f.table))
+                asked.append(k)
+            if not asked or job.cancelled:
+                return
+            k = asked.popleft()
+            got = self._receive_one(stream, rec, k)
+            if got is None:
+                parts.append((S.abspath(self.path, rec.staged_name(k)) + S.PART_SUFFIX, k))
+            else:
+                errors.append(f"{source}: {got}")
+
+    def _receive_one(self, stream: SyncStream, rec: S.IngestRecord, k: int) -> str | None:
+        """The answer to the request for file k: None once its bytes are in its `.part`
+        (CRC-32C checked, not fsynced), else why this source cannot give it."""
         f = rec.files[k]
-        stream.send(P.FetchRequest(version, k, f.size, f.crc32c, f.bucket, rec.round, f.table))
         info = stream.recv()
         if type(info) is not P.FileInfo or info.index != k:
             raise PeerError(f"expected file_info #{k}, got {info.describe()}")
@@ -192,10 +234,9 @@ class Fetcher:
         data = stream.recv()
         if type(data) is not P.FileData or data.index != k or data.size != f.size:
             raise PeerError(f"expected file_data #{k} of {f.size} bytes, got {data.describe()}")
-        final = S.abspath(self.path, rec.staged_name(k))
-        part = final + S.PART_SUFFIX
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        st = os.statvfs(os.path.dirname(final))
+        part = S.abspath(self.path, rec.staged_name(k)) + S.PART_SUFFIX
+        os.makedirs(os.path.dirname(part), exist_ok=True)     # only once a source has a copy
+        st = os.statvfs(os.path.dirname(part))
         if st.f_bavail * st.f_frsize < f.size:
             raise RestoreError(f"not enough disk space for file {k} ({f.size} bytes)")
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -220,12 +261,8 @@ class Fetcher:
         finally:
             os.close(fd)
             if not ok:
-                try:
-                    os.unlink(part)
-                except OSError:
-                    pass
+                _unlink_all([part])
         killpoint(KP_FETCH_RECEIVED)
-        S.stage_file(part, self.path, rec.round, k, self.fsync)
         return None
 
     # -- serving fetches (a thread per FETCH connection) ------------------------------------------
@@ -261,21 +298,37 @@ class Fetcher:
         if S.ROUND_RE.fullmatch(msg.round_id) is None or TABLE_NAME_RE.fullmatch(msg.table) is None \
                 or not 0 <= msg.index < S.MAX_ROUND_FILES:
             return None
-        names = [S.staged_name(msg.round_id, msg.index)]
+        # The staged copy first: looking the archived name up scans the manifest.
+        found = _open_sized(S.abspath(self.path, S.staged_name(msg.round_id, msg.index)), msg.size)
+        if found is not None:
+            return found, S.staged_name(msg.round_id, msg.index)
         vnode = self.host.vnode
         archived = S.archive_name(msg.table, msg.bucket, msg.version, msg.index)
         try:
             entry = vnode.archived_entry(archived) if vnode is not None else None
         except VnodeError:
             entry = None
-        if entry is not None and (entry.size, entry.magic) == (msg.size, msg.magic):
-            names.append(archived)
-        for name in names:
-            try:
-                fd = os.open(S.abspath(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                continue
-            if os.fstat(fd).st_size == msg.size:
-                return fd, name
-            os.close(fd)
+        if entry is None or (entry.size, entry.magic) != (msg.size, msg.magic):
+            return None
+        found = _open_sized(S.abspath(self.path, archived), msg.size)
+        return None if found is None else (found, archived)
+
+
+def _unlink_all(paths: Iterable[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _open_sized(path: str, size: int) -> int | None:
+    """An open descriptor of the regular file at `path` if it holds `size` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return None
+    if os.fstat(fd).st_size == size:
+        return fd
+    os.close(fd)
+    return None
