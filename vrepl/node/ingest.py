@@ -101,6 +101,7 @@ KP_SLAVE_ACKED = register("ingest.slave.after_ack",
                           "a replica: the record is acknowledged after its files were staged")
 
 RETRY_MAX_MS = 10_000           # a failed staging job is retried, backing off up to this
+COMMIT_POLL_S = 0.02            # a timed-out round's producer checks the commit index this often
 
 
 @dataclass(frozen=True)
@@ -328,10 +329,13 @@ class Rounds:
                  host.node_id, rec.round, kind, len(rec.files), rec.rows, version,
                  extra={"event": "ingest_round", "round": rec.round, "version": version})
         timeout_s = host.node_cfg.http.write_timeout_ms / 1000
+        deadline = loop.time() + timeout_s
         try:
             status = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except asyncio.TimeoutError:
             status = ConfirmStatus.TIMED_OUT
+        if status == ConfirmStatus.TIMED_OUT:
+            status = await self._await_commit(version, epoch, deadline)
         if status == ConfirmStatus.NOT_MASTER:
             # Refused by the core: never in the log. The files go back to the producer.
             await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
@@ -429,16 +433,43 @@ class Rounds:
             if self._stopped or host.stopping or host.state != "serving" or sync is None \
                     or host.role != "master" or sync.committed_version >= version:
                 return
-            v = host.next_version
-            try:
-                sync.forward(v, NOOP_PAYLOAD)
-            except (FlowControlError, NotRunningError):
-                pass
-            else:
-                host.next_version = v + 1
-                self.noops[v] = host.epoch
+            self._forward_noop()
             self._nudge(version, min(delay_ms * 2, RETRY_MAX_MS))
         self._nudging = host.loop.call_later(delay_ms / 1000, run)  # type: ignore[union-attr]
+
+    def _forward_noop(self) -> None:
+        """(master) Forward a no-op: once a quorum confirms it, every record below it is
+        committed (docs/design.md §4.4)."""
+        host = self.host
+        v = host.next_version
+        try:
+            host.sync.forward(v, NOOP_PAYLOAD)  # type: ignore[union-attr]
+        except (FlowControlError, NotRunningError):
+            return
+        host.next_version = v + 1
+        self.noops[v] = host.epoch
+
+    async def _await_commit(self, version: int, epoch: int, deadline: float) -> ConfirmStatus:
+        """(master) The sync layer timed the round's record out: its forward timeout (2 s by
+        default) is shorter than a producer's wait, and the replicas may still be fetching
+        the files (they acknowledge nothing before). The record is in the log and commits
+        with the next record a quorum confirms, so until `deadline` keep one no-op in flight
+        at a time: OK once the commit index reaches `version` in this mastership (the
+        replicas staged the files), FAILED if this node stepped down, TIMED_OUT at the
+        deadline."""
+        host = self.host
+        loop = host.loop
+        while loop.time() < deadline:  # type: ignore[union-attr]
+            sync = host.sync
+            if self._stopped or host.stopping or sync is None or host.role != "master" \
+                    or host.epoch != epoch:
+                return ConfirmStatus.FAILED
+            if sync.committed_version >= version:
+                return ConfirmStatus.OK
+            if not self.noops:
+                self._forward_noop()
+            await asyncio.sleep(COMMIT_POLL_S)
+        return ConfirmStatus.TIMED_OUT
 
     def confirm(self, version: int, status: ConfirmStatus, apply: bool) -> bool:
         """(I/O thread, from VgroupHost._confirm, in version order) The outcome of a round's
