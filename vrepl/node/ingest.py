@@ -48,7 +48,8 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
     kind: `[a-z][a-z0-9_.-]{0,31}` (e.g. "ship", "load"); meta: a JSON object of at most
         64 KiB, opaque to vrepl, stored in the record (a ship round id, a transaction id).
 
-Owns, besides the API: the replica's bookkeeping of a round (a staging job per round whose
+Owns, besides the API (its types and the master's checks are in
+vrepl/node/ingestcheck.py, re-exported here): the replica's bookkeeping of a round (a staging job per round whose
 files are missing here, run on the ingest executor by `Fetcher`, vrepl/node/ingestfetch.py,
 which also serves FETCH connections; ack the record only once its files are durable, in
 version order), the master's nudges of a timed-out round, and the master's kill points of
@@ -67,19 +68,19 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, Sequence
 
 from vrepl.errors import IngestError, IngestFileError
 from vrepl.killpoints import killpoint, register
+from vrepl.node.ingestcheck import IngestFile, IngestResult, archived_key, check_files, pending_names, request_invalid
 from vrepl.node.ingestfetch import Fetcher, IngestHost, StagingJob
 from vrepl.replica import ConfirmStatus
 from vrepl.restore.stream import SyncStream
 from vrepl.sync import FlowControlError, NotRunningError
 from vrepl.untrusted import printable
-from vrepl.vnode import Vnode
 from vrepl.vnode import staging as S
 from vrepl.vnode.errors import VnodeError
-from vrepl.vnode.rows import NOOP_PAYLOAD, TABLE_NAME_RE
+from vrepl.vnode.rows import NOOP_PAYLOAD
 from vrepl.vnode.staging import IngestRemove
 
 log = logging.getLogger("vrepl.node")
@@ -102,77 +103,6 @@ KP_SLAVE_ACKED = register("ingest.slave.after_ack",
 
 RETRY_MAX_MS = 10_000           # a failed staging job is retried, backing off up to this
 COMMIT_POLL_S = 0.02            # a timed-out round's producer checks the commit index this often
-
-
-@dataclass(frozen=True)
-class IngestFile:
-    """One file of a round, as the producer names it (see the module doc)."""
-
-    name: str
-    table: str
-    origin: str = ""
-    size: int | None = None
-    crc32c: int | None = None
-
-
-class IngestResult(NamedTuple):
-    version: int         # the version of the round's record
-    epoch: int           # its epoch (this master's)
-    rows: int            # rows in the round's files
-    files: int
-    applied: bool        # archived on this node already (rows visible in queries here)
-
-
-def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any,
-                    remove: Sequence[IngestRemove] = ()) -> str | None:
-    """Why a round's arguments are refused before any file is read, or None."""
-    if type(kind) is not str or S.KIND_RE.fullmatch(kind) is None:
-        return f"kind {str(kind)[:40]!r} does not match {S.KIND_RULE}"
-    reason = S.meta_invalid(meta)
-    if reason is not None:
-        return reason
-    reason = S.counts_invalid(len(files), len(remove))
-    if reason is not None:
-        return reason
-    for r in remove:
-        if not isinstance(r, IngestRemove):
-            return f"{r!r} is not an IngestRemove"
-    seen: set[str] = set()
-    for f in files:
-        if not isinstance(f, IngestFile):
-            return f"{f!r} is not an IngestFile"
-        reason = S.name_invalid(f.name) or S.origin_invalid(f.origin)
-        if reason is None and (type(f.table) is not str or TABLE_NAME_RE.fullmatch(f.table) is None):
-            reason = f"{f.name}: table {str(f.table)[:80]!r} is not a table name"
-        for what in ("size", "crc32c"):
-            v = getattr(f, what)
-            if reason is None and v is not None and (type(v) is not int or v < 0 or v > 2**64):
-                reason = f"{f.name}: {what} {v!r} is not a non-negative integer"
-        if reason is None and f.name in seen:
-            reason = f"{f.name} is named twice"
-        if reason is not None:
-            return reason
-        seen.add(f.name)
-    return None
-
-
-def _archived_key(vnode: Vnode, name: str) -> tuple[int, int, int] | None:
-    """(size, magic, ingest_version) of the archived file `name`, or None."""
-    try:
-        e = vnode.archived_entry(name)
-    except VnodeError:
-        return None
-    return None if e is None else (e.size, e.magic, e.ingest_version)
-
-
-def _pending_names(vnode: Vnode) -> dict[str, tuple[int, int]]:
-    """Archive name -> (size, magic) of every file of the rounds not archived yet (a
-    removal may name one: it is applied after them, in version order)."""
-    out: dict[str, tuple[int, int]] = {}
-    for p in vnode.pending_ingests():
-        for k, f in enumerate(p.record.files):
-            out[p.record.archive_name(p.version, k)] = (f.size, f.crc32c)
-    return out
 
 
 @dataclass
@@ -278,14 +208,14 @@ class Rounds:
         if vnode is None or loop is None:       # closed by a stop or a self-restore meanwhile
             raise IngestError("not_running", f"vg{host.id}: this node is not serving the vgroup")
         t_start = time.monotonic()
-        entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
-                                                      vnode.schemas)
+        entries, sources = await loop.run_in_executor(self.pool(), check_files, self.path, files,
+                                                      host.node_cfg.vnode, vnode.schemas)
         rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries), remove)
         reason = S.round_invalid(entries, len(remove))
         self._check_refusal()
         if reason is None and remove:
-            reason = S.removes_invalid(remove, functools.partial(_archived_key, vnode),
-                                       _pending_names(vnode))
+            reason = S.removes_invalid(remove, functools.partial(archived_key, vnode),
+                                       pending_names(vnode))
         if reason is None:
             reason = vnode.reserve_columns(rec)
         payload = S.encode_ingest_payload(rec)
@@ -365,24 +295,6 @@ class Rounds:
                  t_committed - t_staged, "applied" if applied else "not applied",
                  t_end - t_committed, extra={"event": "ingest_round_done", "version": version})
         return IngestResult(version, epoch, rec.rows, len(rec.files), applied)
-
-    def _check_files(self, files: list[IngestFile], schemas: dict[str, dict[str, str]]
-                     ) -> tuple[list[S.IngestEntry], list[str]]:
-        """(ingest executor) Check every file; IngestFileError naming the first bad one."""
-        cfg = self.host.node_cfg.vnode
-        entries, sources = [], []
-        for f in files:
-            try:
-                full = S.confined_incoming(self.path, f.name)
-            except ValueError as exc:
-                raise IngestFileError(str(exc)) from None
-            reason, entry = S.check_file(full, f.name, f.table, f.origin, cfg, schemas,
-                                         f.size, f.crc32c)
-            if reason is not None or entry is None:
-                raise IngestFileError(reason or f"{f.name}: not checked")
-            entries.append(entry)
-            sources.append(full)
-        return entries, sources
 
     def _unstage(self, rec: S.IngestRecord, sources: list[str]) -> None:
         """(ingest executor) A round refused after staging: its files go back where the
