@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from vrepl._core.crc32c import crc32c
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import PayloadError
-from vrepl.vnode.files import ARROW_TYPES, DATA_DIR, fsync_all, fsync_dir
+from vrepl.vnode.files import ARROW_TYPES, DATA_DIR, fsync_all
 from vrepl.vnode.rows import (
     COLUMN_NAME_RE,
     INT64_MAX,
@@ -494,7 +494,7 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
     try:
         pf = pq.ParquetFile(full, memory_map=True)
         schema = pf.schema_arrow
-        keys = pf.read(columns=["ts", "_version", "_epoch"]) \
+        keys = pf.read(columns=["ts", "_version", "_epoch"], use_threads=False) \
             if all(c in schema.names for c in ("ts", "_version", "_epoch")) else None
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
