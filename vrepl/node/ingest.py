@@ -48,12 +48,12 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
     kind: `[a-z][a-z0-9_.-]{0,31}` (e.g. "ship", "load"); meta: a JSON object of at most
         64 KiB, opaque to vrepl, stored in the record (a ship round id, a transaction id).
 
-Owns, besides the API (its types and the master's checks are in
-vrepl/node/ingestcheck.py, re-exported here): the replica's bookkeeping of a round (a staging job per round whose
-files are missing here, run on the ingest executor by `Fetcher`, vrepl/node/ingestfetch.py,
-which also serves FETCH connections; ack the record only once its files are durable, in
-version order), the master's nudges of a timed-out round, and the master's kill points of
-the ingest path (vrepl/killpoints.py).
+Owns, besides the API (its types and the master's checks are in vrepl/node/ingestcheck.py,
+re-exported here): the replica's bookkeeping of a round (a staging job per round whose files
+are missing here, run on the ingest executor by `Fetcher`, vrepl/node/ingestfetch.py, which
+also serves FETCH connections; ack the record only once its files are durable, in version
+order), the master's wait for a timed-out round and its nudges, and the master's kill
+points of the ingest path (vrepl/killpoints.py).
 Must not: block the I/O thread on disk or sockets (checks, moves and fetches run on the
 ingest executor), write the WAL, or touch the archive (the vnode applies a round, at a
 flush, once its version is committed: vrepl/vnode/staging.py, vnode.py).
@@ -73,7 +73,7 @@ from typing import Any, Mapping, Sequence
 from vrepl.errors import IngestError, IngestFileError
 from vrepl.killpoints import killpoint, register
 from vrepl.node.ingestcheck import IngestFile, IngestResult, archived_key, check_files, pending_names, request_invalid
-from vrepl.node.ingestfetch import Fetcher, IngestHost, StagingJob
+from vrepl.node.ingestfetch import Fetcher, IngestHost, OfHost, StagingJob
 from vrepl.replica import ConfirmStatus
 from vrepl.restore.stream import SyncStream
 from vrepl.sync import FlowControlError, NotRunningError
@@ -115,7 +115,7 @@ class _Forwarded:
 
 
 
-class Rounds:
+class Rounds(OfHost):
     """The ingest side of one VgroupHost: the master API, staging a round's files on every
     replica, acking in version order, and serving fetches (see the module doc). Runs on the
     I/O thread except where a method says otherwise."""
@@ -145,14 +145,6 @@ class Rounds:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 2, thread_name_prefix=f"vrepl-ingest-vg{self.host.id}")
         return self._pool
-
-    @property
-    def path(self) -> str:
-        return self.host.path
-
-    @property
-    def fsync(self) -> bool:
-        return self.host.node_cfg.vnode.fsync
 
     # -- the master API -------------------------------------------------------------------------
     def staging_dir(self) -> str:

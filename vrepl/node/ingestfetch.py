@@ -90,13 +90,10 @@ class IngestHost(Protocol):
     def _maybe_flush(self) -> None: ...
 
 
-class Fetcher:
-    """Stages the files of rounds on this replica and serves them to the others (see the
-    module doc). Every method blocks: the ingest executor or a FETCH connection's thread."""
+class OfHost:
+    """The vgroup directory and the fsync setting of `self.host` (Rounds and Fetcher)."""
 
-    def __init__(self, host: IngestHost, count: Callable[..., None]) -> None:
-        self.host = host
-        self._count = count         # Rounds' counters (thread-safe)
+    host: IngestHost
 
     @property
     def path(self) -> str:
@@ -105,6 +102,15 @@ class Fetcher:
     @property
     def fsync(self) -> bool:
         return self.host.node_cfg.vnode.fsync
+
+
+class Fetcher(OfHost):
+    """Stages the files of rounds on this replica and serves them to the others (see the
+    module doc). Every method blocks: the ingest executor or a FETCH connection's thread."""
+
+    def __init__(self, host: IngestHost, count: Callable[..., None]) -> None:
+        self.host = host
+        self._count = count         # Rounds' counters (thread-safe)
 
     def stage_job(self, job: StagingJob) -> None:
         """(ingest executor) Stage every missing file of the round: from incoming/ when a
