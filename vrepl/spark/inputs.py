@@ -86,6 +86,7 @@ class PendingRound:
     epoch: int
     round: str
     files: list[tuple[str, str, dict[str, str]]]
+    removes: list[str] = field(default_factory=list)   # archive names it removes (§9.2)
 
 
 @dataclass
@@ -430,7 +431,7 @@ def _pending_round(spec: ReplicaSpec, version: int, epoch: int, payload: bytes,
     if pending is not None:
         pending.append(PendingRound(version, epoch, rec.round, [
             (f.table, S.abspath(spec.path, rec.staged_name(k)), dict(f.columns))
-            for k, f in enumerate(rec.files)]))
+            for k, f in enumerate(rec.files)], [r.name for r in rec.removes]))
 
 
 # -- a whole replica -----------------------------------------------------------------------
@@ -471,6 +472,11 @@ def load_replica(spec: ReplicaSpec, max_record_bytes: int = _wal.DEFAULT_MAX_REC
     txns.load(manifest.archived_version, findings)
     wal_rows = replay_wal(spec, manifest.archived_version, schemas, records, findings, pending,
                           txns)
+    # A pending round that removes archived files (record version 2): their rows are no
+    # longer the replica's state (applying the round deletes them).
+    removed = {name for p in pending for name in p.removes}
+    if removed:
+        files = [df for df in files if df.entry.name not in removed]
     return ReplicaData(spec, manifest, has_manifest, files, scan, schemas, wal_rows, findings,
                        pending, txns.outcomes())
 

@@ -173,6 +173,10 @@ class VnodeFlush:
                         step, superseded, files = [], [], list(old.files)
                     if ingest is not None:
                         killpoint(KP_APPLY_FILES)
+                        # Record version 2: the files it removes leave this manifest and
+                        # are deleted once it is durable (as superseded files are).
+                        files, removed = S.apply_removes(files, ingest.record.removes)
+                        superseded = superseded + removed
                         files += self._link_round(ingest)
                         killpoint(KP_APPLY_LINK)
                 except BaseException:
@@ -212,9 +216,10 @@ class VnodeFlush:
             raise VnodeError(f"v{p.version}: files {missing} of round {rec.round} are no"
                              f" longer staged")
         out = []
+        self._store.link_in((S.abspath(self.path, rec.staged_name(k)), rec.archive_name(p.version, k))
+                            for k in range(len(rec.files)))
         for k, f in enumerate(rec.files):
             name = rec.archive_name(p.version, k)
-            self._store.link_in(S.abspath(self.path, rec.staged_name(k)), name)
             out.append(ArchivedFile(name, f.size, f.crc32c, f.table, f.bucket, f.ts_min,
                                     f.ts_max, f.min_version, f.max_version, f.rows,
                                     p.version, p.epoch, f.origin))
