@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +58,21 @@ def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+def _records_per_commit(c) -> float:
+    """WAL records per group commit over every vgroup of the 3 nodes (/metrics): how many
+    requests one WAL write + fdatasync, one forward frame and one ack carried."""
+    records = commits = 0.0
+    for node in c.nodes.values():
+        with urllib.request.urlopen(f"http://{node.http}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for line in text.splitlines():
+            if line.startswith("vrepl_durable_version{"):
+                records += float(line.split()[-1])
+            elif line.startswith("vrepl_wal_group_commits_total{"):
+                commits += float(line.split()[-1])
+    return round(records / max(1.0, commits), 2)
+
+
 def throughput(base: Path, k: int, duration_s: float) -> dict:
     c, d, masters = _cluster(base, k)
     try:
@@ -70,6 +86,7 @@ def throughput(base: Path, k: int, duration_s: float) -> dict:
         cpu = sum(cpu_s(p) for p in pids) - cpu0 + (t1.user - t0.user) + (t1.system - t0.system)
         rows_all = res["rows"] * (duration_s + 1.0) / duration_s
         return {"vgroups": k, "loadavg_1min": la, "rows_per_s": round(res["rows_per_s"]),
+                "records_per_group_commit": _records_per_commit(c),
                 "p50_ms": round(res["p50_ms"], 2) if res["p50_ms"] else None,
                 "cpu_us_per_row": round(cpu / max(1, rows_all) * 1e6, 2),
                 "threads_per_node": [_threads(p) for p in pids],
@@ -119,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                 pair[k] = r
                 out["runs"].append({"rep": rep, **r})
                 print(f"  rep {rep}: {k:3d} vgroups: {r['rows_per_s']:>9,} rows/s, p50"
-                      f" {r['p50_ms']} ms, {r['cpu_us_per_row']} CPU-µs/row, threads/node"
+                      f" {r['p50_ms']} ms, {r['cpu_us_per_row']} CPU-µs/row, records/group commit"
+                      f" {r['records_per_group_commit']}, threads/node"
                       f" {r['threads_per_node']}, load {r['loadavg_1min']}, errors"
                       f" {r['errors'] or 0}", flush=True)
             ratios.append(pair[args.many]["rows_per_s"] / max(1, pair[1]["rows_per_s"]))
