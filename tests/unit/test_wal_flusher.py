@@ -169,8 +169,7 @@ def test_a_round_hands_its_completions_to_the_loop_once_in_order():
         assert errors == ["boom"]
         assert len(wakeups) <= 2 and flusher.rounds <= 2   # one hand-off per round, not per job
     finally:
-        flusher._users = 1
-        flusher.release()
+        flusher.release()                     # not the shared one: its only user stops it
         loop.call_soon_threadsafe(loop.stop)
         t.join(5)
         loop.close()
