@@ -132,12 +132,17 @@ class Connection(asyncio.BufferedProtocol):
             self.frames = FrameBuffer(owner.cfg.max_frame_bytes, READ_MIN_BYTES)
             target = codec.ARBITRATOR_NODE_ID if kind == ConnKind.ARBITRATOR else peer_node
             self.hs: ClientHandshake | ServerHandshake = ClientHandshake(
-                owner.cfg.secret, kind, owner.cfg.vgroup_id, owner.node, target  # type: ignore[arg-type]
+                owner.cfg.secret,
+                kind,
+                owner.cfg.vgroup_id,
+                owner.node,
+                target,  # type: ignore[arg-type]
             )
         else:
             self.frames = FrameBuffer(HANDSHAKE_MAX_FRAME_BYTES, READ_MIN_BYTES)
-            self.hs = ServerHandshake(node_transport.secret, node_transport.node, self._check_hello,
-                                      secret_for=node_transport.secret_for)
+            self.hs = ServerHandshake(
+                node_transport.secret, node_transport.node, self._check_hello, secret_for=node_transport.secret_for
+            )
 
     # -- naming --------------------------------------------------------------------------------
 
@@ -150,7 +155,11 @@ class Connection(asyncio.BufferedProtocol):
         return f"{vg} n{self.nt.node} e-"
 
     def describe(self) -> str:
-        who = "arbitrator" if self.kind == ConnKind.ARBITRATOR else f"n{self.peer_node if self.peer_node is not None else '?'}"
+        who = (
+            "arbitrator"
+            if self.kind == ConnKind.ARBITRATOR
+            else f"n{self.peer_node if self.peer_node is not None else '?'}"
+        )
         side = "to" if self.is_client else "from"
         return f"connection {side} {who} ({self.peername})"
 
@@ -180,8 +189,11 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self.nt.pending_handshakes.add(self)
             if len(self.nt.pending_handshakes) > MAX_PENDING_HANDSHAKES:
-                self.abort(f"more than {MAX_PENDING_HANDSHAKES} connections in handshake", logging.WARNING,
-                           refusal="too_many_handshakes")
+                self.abort(
+                    f"more than {MAX_PENDING_HANDSHAKES} connections in handshake",
+                    logging.WARNING,
+                    refusal="too_many_handshakes",
+                )
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # recv_into the frame buffer's free space: no intermediate bytes object per read.
@@ -192,9 +204,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.frames.wrote(nbytes)
-        if nbytes >= self._view_bytes and self._read_hint < READ_CHUNK_BYTES and (
-                self.authenticated or self.is_client):
-            self._read_hint = min(self._read_hint * 4, READ_CHUNK_BYTES)   # more is waiting
+        if nbytes >= self._view_bytes and self._read_hint < READ_CHUNK_BYTES and (self.authenticated or self.is_client):
+            self._read_hint = min(self._read_hint * 4, READ_CHUNK_BYTES)  # more is waiting
         self.bytes_received += nbytes
         if self.closed:
             return
@@ -257,7 +268,12 @@ class Connection(asyncio.BufferedProtocol):
             rec = self.frames.next_frame()
             if rec is None:
                 return
-            if rec.msg_type not in (codec.MsgType.HELLO, codec.MsgType.CHALLENGE, codec.MsgType.AUTH, codec.MsgType.WELCOME):
+            if rec.msg_type not in (
+                codec.MsgType.HELLO,
+                codec.MsgType.CHALLENGE,
+                codec.MsgType.AUTH,
+                codec.MsgType.WELCOME,
+            ):
                 raise HandshakeError(f"message type {rec.msg_type} before the handshake finished")
             msg = codec.decode(rec)
             out = self.hs.on_message(msg)
@@ -292,7 +308,9 @@ class Connection(asyncio.BufferedProtocol):
                 self._detach_when_flushed(inst, hello, 0)
                 return
             self.frames = FrameBuffer(inst.cfg.max_frame_bytes, READ_MIN_BYTES)
-            self.transport.set_write_buffer_limits(high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4)  # type: ignore[union-attr]
+            self.transport.set_write_buffer_limits(
+                high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4
+            )  # type: ignore[union-attr]
         self.authenticated = True
         invariant(self.owner is not None, "self.owner is not None")
         self.owner.on_connection_ready(self)
@@ -371,7 +389,9 @@ class Connection(asyncio.BufferedProtocol):
         limit = self.owner.cfg.max_send_queue_bytes if self.owner else 1 << 24
         queued = self.transport.get_write_buffer_size()
         if queued > limit:
-            self.abort(f"send queue holds {queued} bytes, above max_send_queue_bytes {limit}: peer too slow", logging.WARNING)
+            self.abort(
+                f"send queue holds {queued} bytes, above max_send_queue_bytes {limit}: peer too slow", logging.WARNING
+            )
 
     async def writable(self) -> None:
         """Wait until the send queue is below its low-water mark (or the connection closed)."""
@@ -442,7 +462,9 @@ class NodeTransport:
         if nt.node != me.node:
             raise ConfigError(f"{me.host}:{me.port} is node {nt.node}, vg{owner.cfg.vgroup_id} says node {me.node}")
         if nt.secret != owner.cfg.secret:
-            raise ConfigError(f"vg{owner.cfg.vgroup_id}: the cluster secret differs from the other vgroups on {me.host}:{me.port}")
+            raise ConfigError(
+                f"vg{owner.cfg.vgroup_id}: the cluster secret differs from the other vgroups on {me.host}:{me.port}"
+            )
         if owner.cfg.vgroup_id in nt.owners:
             raise ConfigError(f"vg{owner.cfg.vgroup_id} already runs on {me.host}:{me.port}")
         nt.owners[owner.cfg.vgroup_id] = owner

@@ -79,7 +79,8 @@ class PeerLinks:
         self.last_heard: dict[int, float] = {}  # peer node -> monotonic time of its last frame
         self._tasks: set[asyncio.Task] = set()
         self.counters: dict[str, int] = dict.fromkeys(
-            ("connections_refused", "connections_opened", "connections_closed"), 0)
+            ("connections_refused", "connections_opened", "connections_closed"), 0
+        )
 
     # -- lifecycle (I/O thread) ------------------------------------------------------------------
 
@@ -142,7 +143,15 @@ class PeerLinks:
             except (OSError, asyncio.TimeoutError) as exc:
                 failures += 1
                 level = logging.INFO if failures == 1 else logging.DEBUG
-                log.log(level, "%s: cannot connect to %s at %s:%d: %s", self.log_prefix(), what, host, port, exc or "timeout")
+                log.log(
+                    level,
+                    "%s: cannot connect to %s at %s:%d: %s",
+                    self.log_prefix(),
+                    what,
+                    host,
+                    port,
+                    exc or "timeout",
+                )
                 await asyncio.sleep(pause_s)
                 continue
             failures = 0
@@ -273,8 +282,9 @@ class PeerLinks:
         if ev is None or not self.running:
             return
         if paused:
-            log.info("%s: %s send queue above %d bytes", self.log_prefix(), conn.describe(),
-                     self.cfg.send_queue_high_bytes)
+            log.info(
+                "%s: %s send queue above %d bytes", self.log_prefix(), conn.describe(), self.cfg.send_queue_high_bytes
+            )
             ev.update_flow()
         elif conn.peer_node is not None and self.conns.get(conn.peer_node) is conn:
             ev.link_writable(conn.peer_node)
@@ -305,7 +315,13 @@ class PeerLinks:
     # -- observability -----------------------------------------------------------------------------
 
     def link_stats(self) -> dict[int, dict[str, int]]:
-        return {node: {"bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received,
-                       "frames_sent": c.frames_sent, "frames_received": c.frames_received,
-                       "send_queue_bytes": c.transport.get_write_buffer_size() if c.transport else 0}
-                for node, c in self.conns.items()}
+        return {
+            node: {
+                "bytes_sent": c.bytes_sent,
+                "bytes_received": c.bytes_received,
+                "frames_sent": c.frames_sent,
+                "frames_received": c.frames_received,
+                "send_queue_bytes": c.transport.get_write_buffer_size() if c.transport else 0,
+            }
+            for node, c in self.conns.items()
+        }

@@ -265,8 +265,9 @@ class WalStore:
         with self._cond:
             self._closed = True
             if not in_flusher:
-                self._cond.wait_for(lambda: self._failed or not (self._jobs or self._busy or self._scheduled),
-                                    timeout_s)
+                self._cond.wait_for(
+                    lambda: self._failed or not (self._jobs or self._busy or self._scheduled), timeout_s
+                )
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -369,8 +370,12 @@ class WalStore:
         w.durable_version = base_version
         self._writer = w
         self.durable_version = base_version
-        log.warning("wal %s: reset: the log continues after v%d (e%d) held by restored files",
-                    self.wal_dir, base_version, base_epoch)
+        log.warning(
+            "wal %s: reset: the log continues after v%d (e%d) held by restored files",
+            self.wal_dir,
+            base_version,
+            base_epoch,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,10 +391,23 @@ class LoopStorage:
     stops the instance; `run_in_executor(fn, *args)` runs a blocking read off the loop.
     """
 
-    def __init__(self, data_path: str, *, post: Callable[..., None], fail: Callable[[str], None],
-                 run_in_executor: Callable[..., object], inline_sync_max_bytes: int = 0, **store_options) -> None:
-        self.store = WalStore(data_path, on_durable=self.on_durable, on_truncated=self.on_truncated,
-                              on_error=self.on_error, **store_options)
+    def __init__(
+        self,
+        data_path: str,
+        *,
+        post: Callable[..., None],
+        fail: Callable[[str], None],
+        run_in_executor: Callable[..., object],
+        inline_sync_max_bytes: int = 0,
+        **store_options,
+    ) -> None:
+        self.store = WalStore(
+            data_path,
+            on_durable=self.on_durable,
+            on_truncated=self.on_truncated,
+            on_error=self.on_error,
+            **store_options,
+        )
         self.post = post
         self.fail = fail
         self.run_in_executor = run_in_executor
