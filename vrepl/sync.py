@@ -33,15 +33,15 @@ from vrepl.errors import ConfigError, FlowControlError, NotRunningError, Reconfi
 from vrepl.instance.app import CallbackApp, SyncCallbacks, SyncObservers
 from vrepl.instance.intake import AppIntake
 from vrepl.replica import NO_NODE, AckStatus, AppRecover, ConfirmStatus, Replica, Role
+from vrepl.replica.invariant import invariant
 from vrepl.restore.config import RestoreConfig, restore_config_invalid
 from vrepl.restore.errors import RestoreError
 from vrepl.restore.limiter import RestoreLimiter
 from vrepl.restore.sessions import RestoreSessions
+from vrepl.transport import walflush
 from vrepl.transport.loop import IoLoop, TickTimer
 from vrepl.transport.peers import PeerLinks
-from vrepl.transport import walflush
 from vrepl.transport.storage import DiskState, LoopStorage
-from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.sync")
 core_log = logging.getLogger("vrepl.replica")

@@ -32,9 +32,9 @@ from typing import Callable
 
 from vrepl._core.framebuf import FrameBuffer
 from vrepl.errors import FrameError, HandshakeError
+from vrepl.replica.invariant import invariant
 from vrepl.transport import codec
 from vrepl.transport.codec import Auth, Challenge, ConnKind, Hello, Welcome
-from vrepl.replica.invariant import invariant
 
 HANDSHAKE_MAX_FRAME_BYTES = 256  # the largest handshake frame payload a server accepts
 DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0

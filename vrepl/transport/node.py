@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from vrepl._core.framebuf import FrameBuffer
 from vrepl.config import SyncConfig
 from vrepl.errors import ConfigError, FrameError, ListenError
+from vrepl.replica.invariant import invariant
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.handshake import (
@@ -37,7 +38,6 @@ from vrepl.transport.handshake import (
     HandshakeError,
     ServerHandshake,
 )
-from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.transport")
 

@@ -23,10 +23,10 @@ from typing import Any, Protocol
 
 from vrepl.config import ReplicaAddress, SyncConfig, parse_endpoint
 from vrepl.replica import ArbitratorConnected, ArbitratorLost, PeerConnected, PeerDisconnected
+from vrepl.replica.invariant import invariant
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.node import Connection, NodeTransport
-from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.sync")
 _monotonic = time.monotonic
@@ -139,7 +139,11 @@ class PeerLinks:
         while self.running:
             conn = Connection(self.nt, owner=self, peer_node=node, kind=kind)
             try:
-                await asyncio.wait_for(self.loop.create_connection(lambda: conn, host, port), timeout=max(pause_s, 1.0))
+                # create_connection calls the factory before this iteration ends: `conn` is this one
+                await asyncio.wait_for(
+                    self.loop.create_connection(lambda: conn, host, port),  # noqa: B023
+                    timeout=max(pause_s, 1.0),
+                )
             except (OSError, asyncio.TimeoutError) as exc:
                 failures += 1
                 level = logging.INFO if failures == 1 else logging.DEBUG
