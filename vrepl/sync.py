@@ -25,15 +25,14 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from vrepl.config import SyncConfig, sync_config_invalid
 from vrepl.driver import Driver, DriverOptions, batch_bounds
-from vrepl.errors import ConfigError, FlowControlError, NotRunningError, ReconfigError
+from vrepl.errors import ConfigError, FlowControlError, InvariantViolation, NotRunningError, ReconfigError
 from vrepl.instance.app import CallbackApp, SyncCallbacks, SyncObservers
 from vrepl.instance.intake import AppIntake
 from vrepl.replica import NO_NODE, AckStatus, AppRecover, ConfirmStatus, Replica, Role
-from vrepl.replica.invariant import invariant
 from vrepl.restore.config import RestoreConfig, restore_config_invalid
 from vrepl.restore.errors import RestoreError
 from vrepl.restore.limiter import RestoreLimiter
@@ -145,6 +144,7 @@ class SyncInstance:
             cfg.data_path,
             post=self._post,
             fail=self._fail,
+            # self.loop was set just above and is never cleared
             run_in_executor=lambda fn, *args: self.loop.run_in_executor(None, fn, *args),  # type: ignore[union-attr]
             inline_sync_max_bytes=cfg.max_wal_inline_sync_bytes,
             max_record_bytes=cfg.max_record_bytes,
@@ -205,6 +205,7 @@ class SyncInstance:
 
     def roles(self) -> dict[str, Any]:
         """This node's role, epoch and master, and its view of every replica's role."""
+        # _call runs it only while running, when the driver exists
         return self._call(lambda: self.driver.roles())  # type: ignore[union-attr]
 
     def stats(self) -> dict[str, Any]:
@@ -237,6 +238,7 @@ class SyncInstance:
 
         def apply() -> None:
             self.cfg = config
+            # _call runs it only on a running instance, which has its driver
             self.driver.set_quorum(config.quorum)  # type: ignore[union-attr]
             self.driver.end_batch()  # type: ignore[union-attr]
 
@@ -339,7 +341,8 @@ class SyncInstance:
             stream_chunk_bytes=cfg.stream_chunk_bytes,
             restore_min_lag_versions=self.restore_cfg.min_lag_versions,
         )
-        invariant(self._storage is not None, "self._storage is not None")
+        if self._storage is None:
+            raise InvariantViolation("self._storage is not None")
         driver = self.driver = Driver(replica, self._links, self._storage, self._app, options=options, on_log=_log_line)
         self._storage.target = driver
         self._links.events = driver
@@ -347,14 +350,14 @@ class SyncInstance:
 
     def _wire_restores(self) -> None:
         """The restore sessions need the node's limiter, known once the node server is."""
-        invariant(
-            self._links is not None and self._links.nt is not None and self.driver is not None,
-            "self._links is not None and self._links.nt is not None and self.driver is not None",
-        )
+        if self._links is None or self._links.nt is None or self.driver is None:
+            raise InvariantViolation(
+                "self._links is not None and self._links.nt is not None and self.driver is not None"
+            )
         nt = self._links.nt
         if nt.restore_limiter is None:
             nt.restore_limiter = RestoreLimiter(self.restore_cfg.max_concurrent_restores)
-        store = self._storage.store  # type: ignore[union-attr]
+        store = self._storage.store  # type: ignore[union-attr]  # start() built it before the loop ran
         self._restores = RestoreSessions(
             self.cfg,
             self.restore_cfg,
@@ -367,8 +370,8 @@ class SyncInstance:
             durable_version=lambda: store.durable_version,
             limiter=nt.restore_limiter,
             log_prefix=self.log_prefix,
-            notify=self._app.call,
-        )  # type: ignore[union-attr]
+            notify=self._app.call,  # type: ignore[union-attr]  # _wire set it in start()
+        )
         if self.restore_cfg.enabled:
             self.driver.restorer = self._restores
         self._links.sync_handler = self._restores
@@ -400,10 +403,8 @@ class SyncInstance:
         )
 
     async def _start_in_loop(self) -> None:
-        invariant(
-            self.loop is not None and self.driver is not None and self._links is not None,
-            "self.loop is not None and self.driver is not None and self._links is not None",
-        )
+        if self.loop is None or self.driver is None or self._links is None:
+            raise InvariantViolation("self.loop is not None and self.driver is not None and self._links is not None")
         await self._links.start(self.loop)
         self._wire_restores()
         self._state = "running"
@@ -505,6 +506,7 @@ class SyncInstance:
             self._intake.drain(self.driver, note)
 
     def _note_run(self, first: int, count: int, began: float) -> None:
+        # _drain hands this over only with a driver and the app in the master role
         self._app.note_run(first, count, began, self.driver.lowest_acked)  # type: ignore[union-attr]
 
     def _inflight(self) -> int:
@@ -512,7 +514,8 @@ class SyncInstance:
         return d.pending_forwards() if d is not None else 0
 
     def _step(self, event: object) -> None:
-        invariant(self.driver is not None, "self.driver is not None")
+        if self.driver is None:
+            raise InvariantViolation("self.driver is not None")
         self.driver.step(event)
         self.driver.end_batch()
 
@@ -534,21 +537,19 @@ class SyncInstance:
 
     def _stats_now(self) -> dict[str, Any]:
         d, links, app, storage = self.driver, self._links, self._app, self._storage
-        invariant(
-            d is not None and links is not None and app is not None and storage is not None,
-            "d is not None and links is not None and app is not None and storage is not None",
-        )
+        if d is None or links is None or app is None or storage is None:
+            raise InvariantViolation("d is not None and links is not None and app is not None and storage is not None")
         core = d.replica.stats()
-        peers = core["peers"]
+        peers = cast(dict[int, dict[str, Any]], core["peers"])  # Replica.stats(): node -> its view
         for node, link in links.link_stats().items():
-            peers.setdefault(node, {}).update(link)  # type: ignore[union-attr]
+            peers.setdefault(node, {}).update(link)
         now = _monotonic()
         master = d.replica.role == Role.MASTER
         last = d.replica.last_version
         for node in d.replica.nodes:
             if node == self.node:
                 continue
-            p = peers.setdefault(node, {})  # type: ignore[union-attr]
+            p = peers.setdefault(node, {})
             heard = links.last_heard.get(node)
             # docs/client-api.md §Status: ms since a frame last came from the peer (None:
             # never, since start), and on the master the age of its oldest unacked record.

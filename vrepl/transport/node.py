@@ -24,12 +24,11 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from vrepl._core.framebuf import FrameBuffer
 from vrepl.config import SyncConfig
-from vrepl.errors import ConfigError, FrameError, ListenError
-from vrepl.replica.invariant import invariant
+from vrepl.errors import ConfigError, FrameError, InvariantViolation, ListenError
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.handshake import (
@@ -130,6 +129,7 @@ class Connection(asyncio.BufferedProtocol):
         self._view_bytes = 0  # the size of the last get_buffer() view
         if owner is not None:
             self.frames = FrameBuffer(owner.cfg.max_frame_bytes, READ_MIN_BYTES)
+            # a client connection other than the arbitrator's always names its peer node
             target = codec.ARBITRATOR_NODE_ID if kind == ConnKind.ARBITRATOR else peer_node
             self.hs: ClientHandshake | ServerHandshake = ClientHandshake(
                 owner.cfg.secret,
@@ -166,7 +166,8 @@ class Connection(asyncio.BufferedProtocol):
     # -- asyncio protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream connection (loop.create_connection / create_server) gets a Transport.
+        tr = self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -180,11 +181,12 @@ class Connection(asyncio.BufferedProtocol):
             high = cfg.send_queue_high_bytes
         else:
             high = 1024 * 1024
-        self.transport.set_write_buffer_limits(high=high, low=high // 4)
+        tr.set_write_buffer_limits(high=high, low=high // 4)
         timeout_s = (self.owner.cfg.handshake_timeout_ms if self.owner else self.nt.handshake_timeout_ms) / 1000
         self._timer = self.loop.call_later(timeout_s, self._handshake_timeout, timeout_s)
         if self.is_client:
-            invariant(isinstance(self.hs, ClientHandshake), "isinstance(self.hs, ClientHandshake)")
+            if not isinstance(self.hs, ClientHandshake):
+                raise InvariantViolation("isinstance(self.hs, ClientHandshake)")
             self._write_now(self.hs.start())
         else:
             self.nt.pending_handshakes.add(self)
@@ -288,8 +290,9 @@ class Connection(asyncio.BufferedProtocol):
             self._timer = None
         if not self.is_client:
             self.nt.pending_handshakes.discard(self)
-            hello = self.hs.hello  # type: ignore[union-attr]
-            invariant(hello is not None, "hello is not None")
+            hello = self.hs.hello
+            if hello is None:
+                raise InvariantViolation("hello is not None")
             if hello.kind == ConnKind.SHIP:
                 # A ship sender (docs/ship.md): its session runs on the node's ship service.
                 if self.frames.buffered:
@@ -308,11 +311,13 @@ class Connection(asyncio.BufferedProtocol):
                 self._detach_when_flushed(inst, hello, 0)
                 return
             self.frames = FrameBuffer(inst.cfg.max_frame_bytes, READ_MIN_BYTES)
-            self.transport.set_write_buffer_limits(
+            # connection_made set the transport before any frame (so the handshake) came in
+            self.transport.set_write_buffer_limits(  # type: ignore[union-attr]
                 high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4
-            )  # type: ignore[union-attr]
+            )
         self.authenticated = True
-        invariant(self.owner is not None, "self.owner is not None")
+        if self.owner is None:
+            raise InvariantViolation("self.owner is not None")
         self.owner.on_connection_ready(self)
 
     def _detach_when_flushed(self, inst: ConnectionOwner | None, hello: codec.Hello, tries: int) -> None:
@@ -345,7 +350,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_frames(self) -> None:
         inst = self.owner
-        invariant(inst is not None, "inst is not None")
+        if inst is None:
+            raise InvariantViolation("inst is not None")
         max_record = inst.cfg.max_record_bytes
         msgs = []
         frames = self.frames

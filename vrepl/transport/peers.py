@@ -22,8 +22,8 @@ import time
 from typing import Any, Protocol
 
 from vrepl.config import ReplicaAddress, SyncConfig, parse_endpoint
+from vrepl.errors import InvariantViolation
 from vrepl.replica import ArbitratorConnected, ArbitratorLost, PeerConnected, PeerDisconnected
-from vrepl.replica.invariant import invariant
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.node import Connection, NodeTransport
@@ -119,7 +119,8 @@ class PeerLinks:
             self.nt.release(self)
 
     def _spawn(self, coro) -> None:
-        invariant(self.loop is not None, "self.loop is not None")
+        if self.loop is None:
+            raise InvariantViolation("self.loop is not None")
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -132,7 +133,8 @@ class PeerLinks:
 
     async def _connect_loop(self, node: int | None, host: str, port: int, kind: int) -> None:
         """Client side: connect, wait until the connection ends, retry every reconnect interval."""
-        invariant(self.loop is not None and self.nt is not None, "self.loop is not None and self.nt is not None")
+        if self.loop is None or self.nt is None:
+            raise InvariantViolation("self.loop is not None and self.nt is not None")
         pause_s = self.cfg.reconnect_interval_ms / 1000.0
         what = "arbitrator" if kind == ConnKind.ARBITRATOR else f"n{node}"
         failures = 0
@@ -252,7 +254,8 @@ class PeerLinks:
             ev.end_batch()
             return
         node = conn.peer_node
-        invariant(node is not None, "node is not None")
+        if node is None:
+            raise InvariantViolation("node is not None")
         old = self.conns.get(node)
         if old is not None and old is not conn:
             old.abort("replaced by a newer connection from the same peer")

@@ -21,6 +21,7 @@ owner hops back to its event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import struct
@@ -28,14 +29,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from vrepl import wal as _wal
 from vrepl._core import crc32c as _crc
-from vrepl.errors import VreplError, WalError
-from vrepl.replica.invariant import invariant
+from vrepl.errors import InvariantViolation, VreplError, WalError
 from vrepl.transport.walflush import WalFlusher
 
 log = logging.getLogger("vrepl.storage")
@@ -212,6 +212,7 @@ class WalStore:
             if wake:
                 self._scheduled = True
         if wake:
+            # wake implies a flusher: only close() clears it, after _closed stops new wakes
             self._flusher.schedule(self)  # type: ignore[union-attr]
 
     def append(self, first_version: int, last_version: int, block: bytes) -> None:
@@ -314,6 +315,7 @@ class WalStore:
                 self._scheduled = True
             self._cond.notify_all()
         if wake:
+            # wake implies a flusher: only close() clears it, after _closed stops new wakes
             self._flusher.schedule(self)  # type: ignore[union-attr]
 
     def _do(self, jobs: list[tuple]) -> None:
@@ -326,7 +328,8 @@ class WalStore:
                     blocks.append(jobs[i][3])
                     i += 1
                 block = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-                invariant(self._writer is not None, "self._writer is not None")
+                if self._writer is None:
+                    raise InvariantViolation("self._writer is not None")
                 # One write and one fdatasync for everything queued (group commit).
                 observe = self._on_group_commit
                 began = time.perf_counter() if observe is not None else 0.0
@@ -338,7 +341,8 @@ class WalStore:
                 continue
             if job[0] == "truncate":
                 version = job[1]
-                invariant(self._writer is not None, "self._writer is not None")
+                if self._writer is None:
+                    raise InvariantViolation("self._writer is not None")
                 # Report durability of everything written before the cut first (the core
                 # expects every WalPersisted of earlier appends before TruncateDone).
                 self._writer.sync()
@@ -350,14 +354,16 @@ class WalStore:
             elif job[0] == "reset":
                 self._reset(job[1], job[2])
             elif job[0] == "recycle":
-                invariant(self._writer is not None, "self._writer is not None")
+                if self._writer is None:
+                    raise InvariantViolation("self._writer is not None")
                 removed = self._writer.recycle(job[1])
                 if removed:
                     log.info("wal %s: recycled %d files below v%d", self.wal_dir, len(removed), job[1])
             i += 1
 
     def _reset(self, base_version: int, base_epoch: int) -> None:
-        invariant(self._writer is not None, "self._writer is not None")
+        if self._writer is None:
+            raise InvariantViolation("self._writer is not None")
         self._writer.close()
         for name in os.listdir(self.wal_dir):
             if name.endswith(".wal") or name.endswith(".idx"):
@@ -397,7 +403,7 @@ class LoopStorage:
         *,
         post: Callable[..., None],
         fail: Callable[[str], None],
-        run_in_executor: Callable[..., object],
+        run_in_executor: Callable[..., asyncio.Future[Any]],
         inline_sync_max_bytes: int = 0,
         **store_options,
     ) -> None:
@@ -412,6 +418,8 @@ class LoopStorage:
         self.fail = fail
         self.run_in_executor = run_in_executor
         self.inline_sync_max_bytes = inline_sync_max_bytes
+        # the Driver (wal_durable, wal_truncated, wal_block, wal_read_failed): the type stays
+        # `object` (transport must not import the driver), hence the attr-defined ignores below
         self.target: object = None
         self._readers: dict[int, list] = {}  # reader -> [next version, iterator of WalBlocks]
 
@@ -449,7 +457,7 @@ class LoopStorage:
             blocks = _wal.WalReader(self.store.wal_dir, self.store.options.max_record_bytes).iter_blocks(from_version)
             state = self._readers[reader] = [from_version, blocks]
         fut = self.run_in_executor(next, state[1], None)
-        fut.add_done_callback(lambda f: self._read_done(reader, state, f))  # type: ignore[attr-defined]
+        fut.add_done_callback(lambda f: self._read_done(reader, state, f))
 
     def _read_done(self, reader: int, state: list, fut) -> None:
         if fut.cancelled() or self._readers.get(reader) is not state:
