@@ -21,10 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from vrepl.child import python_argv
 from vrepl.killpoints import registered
 from vrepl.node.local import LocalCluster
+from vrepl.node.shipdirs import read_manifest_of
 from vrepl.ship import protocol as P
 from vrepl.ship import sender as _sender  # noqa: F401  (registers the sender's kill points)
 from vrepl.ship.errors import ERR_BAD_DATA, ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER, EXIT_REFUSED, Refused
+from vrepl.ship.state import FileList
 from vrepl.ship.stream import connect
+from vrepl.vnode.files import write_atomic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -122,6 +125,24 @@ def leftovers(recv: LocalCluster) -> list[str]:
     return out
 
 
+def archive_keys(vg_path: str, shipped: bool) -> list[tuple]:
+    """Sorted (table, bucket, size, magic) of a vgroup's archived files: the edge's own
+    (`shipped` False) or the files a receiver holds from a ship sender (origin ship/...),
+    each checked to be on disk; and no data file on disk the manifest does not name."""
+    m = read_manifest_of(vg_path)
+    files = [f for f in (m.files if m else []) if f.origin.startswith("ship/") == shipped]
+    named = {f.name for f in (m.files if m else [])}
+    data = os.path.join(vg_path, "data")
+    on_disk = {os.path.relpath(os.path.join(r, f), vg_path).replace(os.sep, "/")
+               for r, _, fs in os.walk(data) for f in fs if f.endswith(".parquet")}
+    assert on_disk <= named, sorted(on_disk - named)
+    return sorted((f.table, f.bucket, f.size, f.magic) for f in files)
+
+
+def node_vg(recv: LocalCluster, nid: int) -> str:
+    return os.path.join(recv.nodes[nid].dir, "data", f"vg{VG}")
+
+
 def sender_leftovers(edge: Edge) -> list[str]:
     root = os.path.join(edge.vg, "ship")
     out = []
@@ -183,6 +204,12 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
             {**dict(want["cpu"][10]), "x": 1010.0}.items()))
         for nid in recv.nodes:
             recv.wait_for(f"n{nid} holds the update", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
+                          20, 0.2)
+        # The superseded file left every replica's archive with the round that replaced it:
+        # the receiver's archive is the edge's, file for file (Deliver 4).
+        for nid in recv.nodes:
+            recv.wait_for(f"n{nid}'s archive equals the edge's",
+                          lambda nid=nid: archive_keys(node_vg(recv, nid), True) == archive_keys(edge.vg, False),
                           20, 0.2)
         st = recv.status(master)["ship_senders"]
         assert len(st) == 1 and st[0]["sender_id"] == 7 and st[0]["last_error"] == ""
@@ -260,6 +287,8 @@ def test_sender_killed_at_every_point_converges(tmp_path, edge):
             want = edge.rows(tables)
             got = receiver_rows(recv, 1, tables)
             assert got == want, point
+            recv.wait_for(f"{point}: the archive equals the edge's",
+                          lambda: archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False), 20, 0.2)
             assert leftovers(recv) == [], point
             assert sender_leftovers(edge) == [], point
     finally:
@@ -394,6 +423,8 @@ def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
             assert p.returncode == EXIT_OK, f"{point}: {p.stderr}"
             want = edge.rows(tables)
             assert receiver_rows(recv, 1, tables) == want, point
+            recv.wait_for("the archive equals the edge's",
+                          lambda: archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False), 20, 0.2)
             assert leftovers(recv) == [], point
             assert sender_leftovers(edge) == [], point
     finally:
@@ -594,8 +625,11 @@ def test_a_full_disk_at_the_receiver_mid_file_is_reported_and_the_next_round_rep
 
 def test_a_failover_of_the_receiving_vgroup_between_rounds_converges(tmp_path, edge):
     """The master that received the rounds is SIGKILLed; the new master has no state of the
-    sender (files.txt, owners.json): it rebuilds it from the archive, the digests differ, the
-    sender reconciles, and the next round (with an update) reaches every live replica."""
+    sender (files.txt, owners.json): it rebuilds it from the archive, which equals the
+    sender's list (deletions removed the superseded files), and the next round (with an
+    update) reaches every live replica. Then the receiver's list is lost (an empty
+    files.txt, as a restore from an old backup): the digests differ, the sender reconciles,
+    and no file the archive holds is sent or loaded again."""
     edge.write(gen_rows(["cpu", "mem"], 100))
     recv = receiver(tmp_path, 3)
     try:
@@ -609,12 +643,27 @@ def test_a_failover_of_the_receiving_vgroup_between_rounds_converges(tmp_path, e
         edge.write(gen_rows(["disk"], 10) + gen_rows(["mem"], 5, value=900.0))
         p = ship(edge, recv, "--once")
         assert p.returncode == EXIT_OK, p.stderr
-        assert "reconciled" in p.stdout, p.stdout
+        assert "reconciled" not in p.stdout, p.stdout
         want = edge.rows(["cpu", "mem", "disk"])
         for nid in recv.nodes:
             if nid != old:
                 recv.wait_for(f"n{nid} holds every round",
                               lambda nid=nid: receiver_rows(recv, nid, ["cpu", "mem", "disk"]) == want, 30, 0.2)
+                recv.wait_for(f"n{nid}'s archive equals the edge's",
+                              lambda nid=nid: archive_keys(node_vg(recv, nid), True) == archive_keys(edge.vg, False),
+                              30, 0.2)
         assert ship(edge, recv, "--once").stdout.count("nothing new") == 1
+        # The receiver's list is lost: reconciled by listing; only the new file crosses.
+        (uuid,) = [d for d in os.listdir(os.path.join(node_vg(recv, new), "ship")) if len(d) == 32]
+        write_atomic(os.path.join(node_vg(recv, new), "ship", uuid, "files.txt"), FileList({}).to_bytes())
+        edge.write(gen_rows(["net"], 10))
+        before = metric(recv, new, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "reconciled" in p.stdout and "1 sent" in p.stdout, p.stdout
+        net = [f for f in read_manifest_of(edge.vg).files if f.table == "net"]
+        assert metric(recv, new, "vrepl_ship_received_bytes_total") - before == net[0].size
+        recv.wait_for("the archive equals the edge's", lambda: archive_keys(node_vg(recv, new), True)
+                      == archive_keys(edge.vg, False), 30, 0.2)
     finally:
         recv.close()

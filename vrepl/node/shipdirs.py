@@ -143,13 +143,32 @@ class SenderDirR:
                     entries[e.key] = e
         return FileList(entries)
 
-    def files_in_archive(self) -> set[Key]:
-        """Keys of the vgroup's archived files whose origin is this sender."""
+    def archive(self, vnode: Any = None) -> dict[Key, list[tuple[str, int, int]]]:
+        """This sender's files in the vgroup's archive, as every replica holds them once the
+        rounds committed so far are applied: key -> [(archive name, size, magic)]. The
+        vnode's pending rounds (committed or replayed records not archived yet: their adds
+        count, their removals are gone) are read before the manifest, so a round a flush
+        archives in between is seen in one or the other."""
+        pending = vnode.pending_ingests() if vnode is not None else []
         m = read_manifest_of(self.vgroup_path)
-        if m is None:
-            return set()
-        return {(f.table, f.bucket, f.size, f.magic) for f in m.files
-                if getattr(f, "origin", "") == self.origin}
+        out: dict[Key, list[tuple[str, int, int]]] = {}
+        for f in m.files if m is not None else ():
+            if getattr(f, "origin", "") == self.origin:
+                out.setdefault((f.table, f.bucket, f.size, f.magic), []).append((f.name, f.size, f.magic))
+        for p in pending:
+            for k, e in enumerate(p.record.files):
+                if e.origin == self.origin:
+                    name = p.record.archive_name(p.version, k)
+                    held = out.setdefault((e.table, e.bucket, e.size, e.crc32c), [])
+                    if name not in (n for n, _, _ in held):
+                        held.append((name, e.size, e.crc32c))
+            gone = {r.name for r in p.record.removes}
+            if gone:
+                for key in list(out):
+                    out[key] = [x for x in out[key] if x[0] not in gone]
+                    if not out[key]:
+                        del out[key]
+        return out
 
     def write_files(self, fl: FileList) -> None:
         os.makedirs(self.path, exist_ok=True)
@@ -206,12 +225,15 @@ class Loader(Protocol):
     def load(self, files: list[P.FileEntry]) -> tuple[int, int]: ...
 
 
-def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True) -> list[str]:
+def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True, vnode: Any = None) -> list[str]:
     """The seed's receiver recovery (接收端恢复模块, docs/ship.md §5.2): replay sync.log
-    against load.log — each deletion and each received file not yet in load.log is applied
-    (a file through `loader`, an ingest record; without one, StateError-like ShipError: the
-    round stays until the next session) — then fold the log into files.txt and remove
-    sync.log, load.log, sync.end (in that order) and the data/ leftovers."""
+    against load.log — each received file not yet in load.log is loaded (through `loader`,
+    an ingest record; without one, ShipError: the round stays until the next session); a
+    deletion not in load.log is logged if its file is gone from the archive (its record
+    committed before a crash), else left for the sender to send again (a session applies
+    deletions only in the round's last record, docs/ship.md §3.3) — then fold the log into
+    files.txt and remove sync.log, load.log, sync.end (in that order) and the data/
+    leftovers. `vnode`: the vgroup's, for the rounds not archived yet (SenderDirR.archive)."""
     done: list[str] = []
     if not os.path.exists(sd.p(RSYNC_LOG)):
         for name in (LOAD_LOG, SYNC_END):
@@ -223,13 +245,17 @@ def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True) -> l
     loaded, removed = sd.load_log_keys()
     fl = sd.files()
     todo_del = [e for e in deleted if key_text(e.key) not in removed]
-    if todo_del:
-        sd.append_load_log([DELETE_LINE + key_text(e.key) for e in todo_del])
-        removed |= {key_text(e.key) for e in todo_del}
     todo = [e for e in received if key_text(e.key) not in loaded]
+    arch = sd.archive(vnode) if (todo or todo_del) else {}
+    # A deletion whose record committed before a crash (load.log not yet written) finds its
+    # file gone: recorded, not applied twice. The others wait for the sender's next round.
+    gone = [e for e in todo_del if e.key not in arch]
+    if gone:
+        sd.append_load_log([DELETE_LINE + key_text(e.key) for e in gone])
+        removed |= {key_text(e.key) for e in gone}
     # A file whose ingest record committed before a crash (load.log not yet written) is in
     # the archive with this sender as its origin: recorded, not loaded twice.
-    in_archive = (sd.files_in_archive() | set(fl.entries)) if todo else set()
+    in_archive = (set(arch) | set(fl.entries)) if todo else set()
     already = [e for e in todo if e.key in in_archive]
     if already:
         sd.append_load_log([LOAD_LINE + key_text(e.key) for e in already])

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from vrepl._core import crc32c as _crc
 from vrepl.errors import InvariantViolation
 from vrepl.killpoints import killpoint, register
-from vrepl.node.ingest import IngestError, IngestFile
+from vrepl.node.ingest import IngestError, IngestFile, IngestRemove
 from vrepl.node.shipdirs import (
     DATA_DIR,
+    DELETE_LINE,
     INGEST_BUSY_RETRY_S,
     INGEST_BUSY_TRIES,
     INGEST_TIMEOUT_S,
@@ -68,6 +69,7 @@ from vrepl.ship.state import (
     LOG_TSFILE_END,
     LOG_TSFILE_START,
     FileList,
+    Key,
     SyncLog,
     entry_line,
     fsync_dir,
@@ -111,6 +113,7 @@ class Session:
         self.round: P.Begin | None = None
         self.log: SyncLog | None = None
         self.bytes_in = 0
+        self.archived: set[Key] | None = None   # keys of this sender's archived files
 
     # -- errors ----------------------------------------------------------------------------------
     def refuse(self, code: int, reason: str) -> Refused:
@@ -187,7 +190,7 @@ class Session:
         # The seed's refusal: the previous round must be loaded first. Its recovery runs now
         # (loading what it can); if that fails the round is refused and the sender retries.
         try:
-            done = recover(sd, self)
+            done = recover(sd, self, vnode=vg.vnode)
         except (IngestError, ShipError) as exc:
             raise self.refuse(ERR_BUSY, f"the previous round of sender {uuid} is not loaded yet ({exc});"
                               " retry later") from None
@@ -238,15 +241,13 @@ class Session:
         if end.offered != len(self.offers) or end.deleted != len(self.deleted):
             raise self.refuse(ERR_PROTOCOL, f"end counts {end.offered}/{end.deleted}, received"
                               f" {len(self.offers)} offers, {len(self.deleted)} deletions")
-        self._load_received()
+        self._load_received(final=True)
         self.log.write([LOG_TSFILE_END, LOG_END])
         self.log.close()
         self.log = None
         write_atomic(sd.p(SYNC_END), b"", self.svc.fsync)
         killpoint(KP_SYNC_END)
-        if self.deleted:
-            self.stream.send(P.Loaded(0, 0, (), tuple(range(len(self.deleted)))))
-        recover(sd, self, keep_parts=False)
+        recover(sd, self, keep_parts=False, vnode=vg.vnode)
         fl = sd.files()
         self.stream.send(P.Done(b.seq, len(fl.entries), fl.digest()))
         st = self.status
@@ -309,6 +310,11 @@ class Session:
         if self.sd is None:
             raise InvariantViolation("self.sd is not set")
         fl = self.sd.files()
+        if self.archived is None:
+            # Files of this sender the archive holds though files.txt does not name them (a
+            # receiver whose list was lost or restored, a load whose load.log line was lost):
+            # answered "held", never loaded twice. Read once per round.
+            self.archived = set(self.sd.archive(self.vg.vnode))
         items = []
         for e in msg.entries:
             why = entry_refusal(e)
@@ -318,7 +324,7 @@ class Session:
                 raise self.refuse(ERR_PROTOCOL, f"offer #{e.index} twice")
             self.offers[e.index] = e
             path = self.sd.data_file(e)
-            if e.key in fl.entries:
+            if e.key in fl.entries or e.key in self.archived:
                 items.append((e.index, P.WANT_LOADED, 0))
                 self._log_received(e)
                 self.received.append(e.index)
@@ -411,9 +417,13 @@ class Session:
             self._load_received()
 
     # -- loading -------------------------------------------------------------------------------
-    def _load_received(self) -> None:
-        """Load what was received (and verified) so far, then tell the sender."""
-        if not self.received:
+    def _load_received(self, final: bool = False) -> None:
+        """Load what was received (and verified) so far, then tell the sender. The round's
+        deletions go with its `final` load (at END): in one record with the last files, so
+        a superseded file leaves the archive when the file that replaces it arrives, and a
+        cut round removes nothing (docs/ship.md §3.3)."""
+        deletions = list(range(len(self.deleted))) if final else []
+        if not self.received and not deletions:
             return
         if self.sd is None:
             raise InvariantViolation("self.sd is not set")
@@ -423,43 +433,64 @@ class Session:
             fsync_dir(self.sd.p(DATA_DIR))
         fl = self.sd.files()
         batch = [self.offers[i] for i in self.received]
-        fresh = [e for e in batch if e.key not in fl.entries]
-        loaded, _ = self.sd.load_log_keys()
+        held = self.archived or set()
+        fresh = [e for e in batch if e.key not in fl.entries and e.key not in held]
+        loaded, removed = self.sd.load_log_keys()
         fresh = [e for e in fresh if key_text(e.key) not in loaded]
+        dels = [self.deleted[i] for i in deletions if key_text(self.deleted[i].key) not in removed]
         version = epoch = 0
-        if fresh:
-            version, epoch = self.load(fresh)
+        if fresh or dels:
+            version, epoch = self.load(fresh, dels)
         indexes = tuple(self.received)
         self.received = []
-        self.stream.send(P.Loaded(version, epoch, indexes, ()))
+        self.stream.send(P.Loaded(version, epoch, indexes, tuple(deletions)))
 
-    def load(self, files: list[P.FileEntry]) -> tuple[int, int]:
-        """Ingest `files` (each in data/) by ingest records of at most MAX_ROUND_FILES files,
-        writing load.log after each commits; (version, epoch) of the last record."""
+    def load(self, files: list[P.FileEntry], deletions: list[P.FileEntry] | None = None) -> tuple[int, int]:
+        """Ingest `files` (each in data/) and remove the archived files of `deletions` (this
+        sender's, by key) by ingest records of at most MAX_ROUND_FILES adds and as many
+        removals, the deletions in the last records; load.log names each batch once its
+        record committed. (version, epoch) of the last record."""
         if self.sd is None:
             raise InvariantViolation("self.sd is not set")
         sd, vg = self.sd, self.vg
+        arch = sd.archive(vg.vnode) if deletions else {}
+        removals: list[tuple[P.FileEntry, list[IngestRemove]]] = [
+            (e, [IngestRemove(*x) for x in arch.get(e.key, ())]) for e in deletions or ()]
+        del_batches: list[list[tuple[P.FileEntry, list[IngestRemove]]]] = []
+        for item in removals:       # at most MAX_ROUND_FILES removals per record
+            if not del_batches or sum(len(r) for _, r in del_batches[-1]) + len(item[1]) > MAX_ROUND_FILES:
+                del_batches.append([])
+            del_batches[-1].append(item)
+        add_batches = [files[k:k + MAX_ROUND_FILES] for k in range(0, len(files), MAX_ROUND_FILES)]
+        n = max(len(add_batches), len(del_batches))
+        add_batches = [[]] * (n - len(add_batches)) + add_batches
+        del_batches = [[]] * (n - len(del_batches)) + del_batches     # with the last adds
         version = epoch = 0
-        for k in range(0, len(files), MAX_ROUND_FILES):
-            batch = files[k:k + MAX_ROUND_FILES]
+        for batch, dbatch in zip(add_batches, del_batches):
+            remove = [r for _, rs in dbatch for r in rs]
+            lines = [LOAD_LINE + key_text(e.key) for e in batch] + [DELETE_LINE + key_text(e.key) for e, _ in dbatch]
+            if not batch and not remove:        # deletions of files the archive no longer holds
+                sd.append_load_log(lines)
+                continue
             sub = f"ship-{sd.uuid}-{os.urandom(6).hex()}"
             incoming = os.path.join(vg.staging_dir(), sub)
-            os.makedirs(incoming, exist_ok=True)
             specs = []
-            for n, e in enumerate(batch):
-                _link_or_copy(sd.data_file(e), os.path.join(incoming, f"{n}.parquet"))
-                specs.append(IngestFile(f"{sub}/{n}.parquet", e.table, sd.origin, e.size, e.magic))
+            if batch:
+                os.makedirs(incoming, exist_ok=True)
+            for k, e in enumerate(batch):
+                _link_or_copy(sd.data_file(e), os.path.join(incoming, f"{k}.parquet"))
+                specs.append(IngestFile(f"{sub}/{k}.parquet", e.table, sd.origin, e.size, e.magic))
             meta = {"sender": sd.uuid, "round": self.round.round_id if self.round else 0,
                     "seq": self.round.seq if self.round else 0}
             t0 = time.monotonic()
             try:
-                res = self._ingest(specs, meta)
+                res = self._ingest(specs, meta, remove)
             finally:
                 _remove_tree(incoming)
-            log.info("ship %s vg%d: %d files loaded by record v%d in %.3f s", sd.uuid, vg.id, len(batch),
-                     res.version, time.monotonic() - t0)
+            log.info("ship %s vg%d: %d files loaded, %d removed by record v%d in %.3f s", sd.uuid, vg.id,
+                     len(batch), len(remove), res.version, time.monotonic() - t0)
             killpoint(KP_INGESTED)
-            sd.append_load_log([LOAD_LINE + key_text(e.key) for e in batch])
+            sd.append_load_log(lines)
             killpoint(KP_LOAD_LOGGED)
             for e in batch:
                 try:
@@ -470,13 +501,13 @@ class Session:
             version, epoch = res.version, res.epoch
         return version, epoch
 
-    def _ingest(self, specs: list[IngestFile], meta: dict[str, Any]) -> Any:
+    def _ingest(self, specs: list[IngestFile], meta: dict[str, Any], remove: list[IngestRemove]) -> Any:
         vg = self.vg
         loop = vg.loop
         if loop is None:
             raise self.refuse(ERR_NOT_MASTER, f"vg{vg.id} is not running")
         for _ in range(INGEST_BUSY_TRIES):
-            fut = asyncio.run_coroutine_threadsafe(vg.ingest(specs, "ship", meta), loop)
+            fut = asyncio.run_coroutine_threadsafe(vg.rounds.ingest(specs, "ship", meta, remove), loop)
             try:
                 return fut.result(INGEST_TIMEOUT_S)
             except IngestError as exc:
