@@ -11,6 +11,7 @@ sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import urllib.request
@@ -82,11 +83,11 @@ def gen_rows(tables: list[str], n: int, bucket: int = 0, ts0: int = 0, value: fl
 
 
 def ship(edge: Edge, recv: LocalCluster, *extra: str, sender_id: int = 7, secret: str = SECRET,
-         env: dict | None = None, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+         env: dict | None = None, timeout_s: float = 120.0, data: str | None = None) -> subprocess.CompletedProcess:
     to = ",".join(n.replication for n in recv.nodes.values())
     e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
     e.update(VREPL_SHIP_SECRET=secret, **(env or {}))
-    return subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+    return subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", data or edge.vg,
                                       "--sender-id", str(sender_id), "--vgroup", str(VG),
                                       "--retries", "2", *extra),
                           env=e, capture_output=True, text=True, timeout=timeout_s)
@@ -665,5 +666,39 @@ def test_a_failover_of_the_receiving_vgroup_between_rounds_converges(tmp_path, e
         assert metric(recv, new, "vrepl_ship_received_bytes_total") - before == net[0].size
         recv.wait_for("the archive equals the edge's", lambda: archive_keys(node_vg(recv, new), True)
                       == archive_keys(edge.vg, False), 30, 0.2)
+    finally:
+        recv.close()
+
+
+def test_a_clone_shipping_at_another_time_is_refused(tmp_path, edge):
+    """Two real sender directories cloned from one (the edge's vnode directory copied with
+    its ship state, as a copied disk): after the original ships again, the clone's history
+    no longer matches the receiver's and its BEGIN is refused (lineage, exit 9) with a
+    reason it prints and `vrepl status` shows; the original goes on unharmed."""
+    edge.write(gen_rows(["cpu"], 50))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        clone = os.path.join(str(tmp_path), "clone-vg")
+        shutil.copytree(edge.vg, clone)
+        # The clone ships before the two diverge: same history, nothing new; accepted.
+        p = ship(edge, recv, "--once", data=clone)
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stderr
+        edge.write(gen_rows(["cpu"], 10, ts0=5000))
+        assert ship(edge, recv, "--once").returncode == EXIT_OK      # the original's round 2
+        p = ship(edge, recv, "--once", data=clone)
+        assert p.returncode == EXIT_REFUSED, (p.returncode, p.stderr)
+        assert "cloned data directory" in p.stderr and "says its last round is" in p.stderr, p.stderr
+        st = recv.status(1)["ship_senders"]
+        assert len(st) == 1 and "cloned data directory" in st[0]["last_error"]
+        assert metric(recv, 1, "vrepl_ship_refusals_total", reason="lineage") == 1
+        # The original is not affected, and a sender killed mid-round is no clone.
+        edge.write(gen_rows(["cpu"], 10, ts0=9000))
+        p = ship(edge, recv, "--once", env={"VREPL_KILLPOINT": "ship.sender.after_log_start"})
+        assert p.returncode == -9
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["cpu"]) == edge.rows(["cpu"])
+        assert ship(edge, recv, "--once", data=clone).returncode == EXIT_REFUSED
     finally:
         recv.close()

@@ -10,6 +10,7 @@ Must not: open sockets, or write into the archive or the WAL (recovery loads thr
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -44,6 +45,8 @@ FILES_LIST = "files.txt"
 RSYNC_LOG = "sync.log"
 LOAD_LOG = "load.log"
 SYNC_END = "sync.end"
+ROUNDS_FILE = "rounds.json"
+MAX_BEGUN = 64                   # rounds begun and not completed that rounds.json remembers
 DATA_DIR = "data"
 PART_SUFFIX = ".part"
 LOAD_LINE = "load "
@@ -174,6 +177,31 @@ class SenderDirR:
         os.makedirs(self.path, exist_ok=True)
         write_atomic(self.p(FILES_LIST), fl.to_bytes(), self.fsync)
 
+    # -- the round history (docs/ship.md §7.1: a cloned UUID) -----------------------------------
+    def read_begun(self) -> list[int]:
+        """Ids of the rounds begun since the last completed one (rounds.json)."""
+        try:
+            with open(self.p(ROUNDS_FILE), encoding="utf-8") as fh:
+                doc = json.load(fh)
+            return [int(x, 16) for x in doc.get("begun", [])]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("ship %s: %s unreadable (%s): the round history starts again", self.uuid,
+                        self.p(ROUNDS_FILE), exc)
+            return []
+
+    def note_begun(self, round_id: int) -> None:
+        """Remember (durably, before STATE answers) that this sender began round `round_id`:
+        its sync.log may name it from now on."""
+        begun = [x for x in self.read_begun() if x != round_id][-(MAX_BEGUN - 1):] + [round_id]
+        os.makedirs(self.path, exist_ok=True)
+        write_atomic(self.p(ROUNDS_FILE), json.dumps({"begun": [f"{x:016x}" for x in begun]}).encode(),
+                     self.fsync)
+
+    def clear_begun(self) -> None:
+        remove_durable(self.p(ROUNDS_FILE), self.fsync)
+
     def load_log_keys(self) -> tuple[set[str], set[str]]:
         loaded: set[str] = set()
         deleted: set[str] = set()
@@ -291,6 +319,8 @@ def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True, vnod
     if rnd is not None and ended:
         fl.seq, fl.round_id = rnd
     sd.write_files(fl)
+    if rnd is not None and ended:
+        sd.clear_begun()        # the completed round is files.txt's now (a crash before: a superset)
     for name in (RSYNC_LOG, LOAD_LOG, SYNC_END):     # the seed's order: 3, 4, 5
         remove_durable(sd.p(name), sd.fsync)
     _clean_data(sd, keep_parts)

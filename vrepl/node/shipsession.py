@@ -25,11 +25,14 @@ from vrepl.node.ingest import IngestError, IngestFile, IngestRemove
 from vrepl.node.shipdirs import (
     DATA_DIR,
     DELETE_LINE,
+    FILES_LIST,
     INGEST_BUSY_RETRY_S,
     INGEST_BUSY_TRIES,
     INGEST_TIMEOUT_S,
     LOAD_LINE,
     PART_SUFFIX,
+    RECEIVER_DIR,
+    ROUNDS_FILE,
     RSYNC_LOG,
     SYNC_END,
     SenderDirR,
@@ -48,6 +51,7 @@ from vrepl.ship.errors import (
     ERR_CONFIG,
     ERR_DISK_FULL,
     ERR_IN_USE,
+    ERR_LINEAGE,
     ERR_LOAD,
     ERR_NOT_MASTER,
     ERR_OWNER,
@@ -202,6 +206,11 @@ class Session:
         self.status.files = len(fl.entries)
         digest = fl.digest()
         match = digest == b.last_digest and len(fl.entries) == b.last_files
+        self._check_lineage(b, fl)
+        if b.new or b.deleted or not match or b.flags & P.FLAG_RESYNC:
+            # The sender may log this round in its sync.log once STATE is answered, and fold
+            # it into its list's "last round" even if the round is cut: remember it first.
+            sd.note_begun(b.round_id)
         self.stream.send(P.State(fl.seq, fl.round_id, match, len(fl.entries), digest))
         msg = self.stream.recv()
         if type(msg) is P.ListRequest:
@@ -257,6 +266,25 @@ class Session:
         st.last_error = ""
         log.info("ship %s vg%d: round %d: %d offered, %d deleted, %d B received; %d files held",
                  uuid, vg.id, b.seq, len(self.offers), len(self.deleted), self.bytes_in, len(fl.entries))
+
+    def _check_lineage(self, b: P.Begin, fl: FileList) -> None:
+        """A cloned UUID shipping at another time (docs/ship.md §7.1): the sender's last
+        round must be this receiver's last completed round of the UUID, or a round begun
+        since (a sender that crashed mid-round folds it). 0 (a sender that lost its state
+        directory) and a receiver without history (a new master) accept any."""
+        if self.sd is None:
+            raise InvariantViolation("self.sd is not set")
+        known = {x for x in (fl.round_id, *self.sd.read_begun()) if x}
+        if not known or not b.last_round_id or b.last_round_id in known:
+            return
+        uuid = b.uuid.hex()
+        raise self.refuse(ERR_LINEAGE, f"sender {uuid} ({b.host or '?'}) says its last round is"
+                          f" {b.last_round_id:016x}, but this receiver's last completed round of that UUID is"
+                          f" {fl.round_id:016x} (round {fl.seq}) and no round since has that id: another copy"
+                          f" of the sender (a cloned data directory) ships under the same UUID; give this copy"
+                          f" its own identity (remove <data>/ship/ on it, then release or transfer its tables),"
+                          f" or, if it is the original, remove {RECEIVER_DIR}/{uuid}/{ROUNDS_FILE} and"
+                          f" {RECEIVER_DIR}/{uuid}/{FILES_LIST} on the receiver's master")
 
     def _send_list(self, fl: FileList) -> None:
         entries = sorted(fl.entries.values(), key=lambda e: e.key)
