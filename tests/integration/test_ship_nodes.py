@@ -702,3 +702,42 @@ def test_a_clone_shipping_at_another_time_is_refused(tmp_path, edge):
         assert ship(edge, recv, "--once", data=clone).returncode == EXIT_REFUSED
     finally:
         recv.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, edge):
+    """The receiver's state directory of this sender on a tmpfs with room for the round's
+    file and its first state files only: the ingest record commits (the rows are visible),
+    then writing load.log (append + fsync) fails with ENOSPC; the sender exits 6 (disk
+    full). Once there is room, the next round's recovery finds the files in the archive and
+    records them, never loading them twice (the archive equals the edge's, one copy each).
+    (tmpfs fails the write before the fsync; no file system here fails fsync alone.)"""
+    edge.write(gen_rows(["cpu"], 3000))
+    uuid = "cd" * 16
+    recv = receiver(tmp_path, 1)
+    sdir = os.path.join(node_vg(recv, 1), "ship", uuid)
+    os.makedirs(sdir)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", sdir], check=True)
+    try:
+        (size,) = [f.size for f in read_manifest_of(edge.vg).files]
+        page = 4096
+        st = os.statvfs(sdir)
+        # Room for data/ (the file), rounds.json and sync.log: load.log gets no page.
+        room = (-(-size // page) + 2) * page
+        with open(os.path.join(sdir, "filler"), "wb") as fh:
+            fh.write(b"\0" * (st.f_bavail * st.f_frsize - room))
+        p = ship(edge, recv, "--once", "--uuid", uuid, "--retries", "0")
+        assert p.returncode == 6, (p.returncode, p.stderr)
+        assert "No space left on device" in p.stderr
+        assert receiver_rows(recv, 1, ["cpu"]) == edge.rows(["cpu"])      # committed first
+        with open(os.path.join(sdir, "load.log")) as fh:      # created, its line not written
+            assert fh.read() == ""
+        os.unlink(os.path.join(sdir, "filler"))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["cpu"]) == edge.rows(["cpu"])
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == []
+    finally:
+        subprocess.run(["umount", "-l", sdir])
+        recv.close()
