@@ -741,3 +741,48 @@ def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, 
     finally:
         subprocess.run(["umount", "-l", sdir])
         recv.close()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_file_replaced_by_a_flush_during_the_transfer(tmp_path, edge):
+    """A real `vrepl ship` is frozen (SIGSTOP at a kill point) after the first MiB of a file;
+    meanwhile the real edge node writes into that file's bucket and its flush replaces the
+    file (the superseded one is deleted from data/). Resumed, the round completes from the
+    snapshot's hard link (the rows shipped are the ones of the round's start); the next
+    round ships the deletion and the new file, and the receiver equals the edge."""
+    rows = [("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(120_000)]
+    edge.write(rows)
+    recv = receiver(tmp_path, 1)
+    try:
+        to = recv.nodes[1].replication
+        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        env.update(VREPL_SHIP_SECRET=SECRET, VREPL_KILLPOINT="ship.sender.mid_file@1:stop")
+        before = {f.name for f in read_manifest_of(edge.vg).files}
+        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                            "--sender-id", "7", "--once"),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            recv.wait_for("the sender froze mid-file", lambda: _stopped(proc.pid), 60, 0.05)
+            edge.write([("big", i, {"x": -1.0}) for i in range(0, 120_000, 1000)])
+            after = {f.name for f in read_manifest_of(edge.vg).files}
+            assert before and not before & after          # the file the round ships is gone
+            assert not any(os.path.exists(os.path.join(edge.vg, *n.split("/"))) for n in before)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT_OK, err
+        assert "1 of 1 new files loaded" in out, out
+        got = {dict(r)["ts"]: dict(r)["x"] for r in receiver_rows(recv, 1, ["big"])["big"]}
+        assert len(got) == 120_000 and got[1000] == 1000.0     # the round's start, not the flush's
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "1 of 1 deletions applied" in p.stdout, p.stdout
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == [] and sender_leftovers(edge) == []
+    finally:
+        recv.close()
