@@ -14,7 +14,7 @@ unusable state directory), 3 interrupted, 4 the receiver is unreachable, not the
 or broke off (after --retries), 5 a hostile name was refused, 6 no space left on the
 receiver, 8 another `vrepl ship` runs for this data directory and receiver, or this sender
 UUID is shipping from elsewhere (a clone), 9 the receiver refused the round (a table owned by
-another source, a type conflict, another precision or file span).
+another source, a type conflict, another precision or file span, a cloned sender).
 Text from the receiver is escaped before it is printed (vrepl/untrusted.py).
 Must not: write into the vnode's directory outside `<data>/ship/`.
 """
@@ -61,7 +61,7 @@ def add_parsers(sub: Any) -> None:
                        epilog="exit codes: 0 done, 1 a file is corrupt or was given up, 2 usage, 3 interrupted,"
                        " 4 receiver unreachable/not master/busy/broke off (after --retries), 5 hostile name,"
                        " 6 receiver disk full, 8 another vrepl ship runs for this directory and receiver (or"
-                       " this UUID ships from elsewhere), 9 refused (owner or type conflict, other precision"
+                       " this UUID ships from elsewhere), 9 refused (owner or type conflict, a clone, other precision"
                        " or file span). docs: docs/ship.md")
     s.add_argument("--to", required=True, metavar="HOST:PORT[,HOST:PORT...]",
                    help="the receiving vgroup's nodes, at their replication port; the master is found")

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ship", nargs=2, default=None, metavar=("SENDER_DIR", "RECEIVER_DIR"),
                    help="instead of replicas: prove that the receiving vgroup's directory holds"
                         " exactly the rows the `vrepl ship` sender (its --data directory) shipped,"
-                        " per table and bucket (docs/ship.md §12)")
+                        " per table and bucket (docs/ship.md §11)")
     p.add_argument("--ship-state", default=None, metavar="NAME",
                    help="with --ship: the sender's receiver state directory (<data>/ship/NAME)"
                         " when it ships to several receivers")

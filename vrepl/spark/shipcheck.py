@@ -1,5 +1,5 @@
 """`vrepl validate --ship SENDER_DIR RECEIVER_DIR`: does the receiver hold exactly the rows
-the sender shipped? (docs/ship.md §12; issue 16 Deliver 5).
+the sender shipped? (docs/ship.md §11; issue 16 Deliver 5).
 
 Owns: reading the sender's state (`<SENDER_DIR>/ship/uuid.txt`, the last-shipped list
 `last_local_files.txt` of one receiver state directory) and both manifests on the driver;
