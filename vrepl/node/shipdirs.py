@@ -7,6 +7,7 @@ the seed's receiver recovery algorithm (`recover`, at node start and before ever
 Must not: open sockets, or write into the archive or the WAL (recovery loads through a
 `Loader`, the session's ingest records: vrepl/node/shipsession.py).
 """
+
 from __future__ import annotations
 
 import errno
@@ -46,16 +47,17 @@ RSYNC_LOG = "sync.log"
 LOAD_LOG = "load.log"
 SYNC_END = "sync.end"
 ROUNDS_FILE = "rounds.json"
-MAX_BEGUN = 64                   # rounds begun and not completed that rounds.json remembers
+MAX_BEGUN = 64  # rounds begun and not completed that rounds.json remembers
 DATA_DIR = "data"
 PART_SUFFIX = ".part"
 LOAD_LINE = "load "
 DELETE_LINE = "delete "
 ORIGIN_PREFIX = "ship/"
-LOCAL_OWNER = "local"            # owners.json value of a table written on the receiver itself
+LOCAL_OWNER = "local"  # owners.json value of a table written on the receiver itself
 INGEST_TIMEOUT_S = 120.0
 INGEST_BUSY_RETRY_S = 0.05
 INGEST_BUSY_TRIES = 400
+
 
 def key_file_name(e: P.FileEntry) -> str:
     """The name of a received file in data/: its content key, never the sender's name."""
@@ -187,17 +189,17 @@ class SenderDirR:
         except FileNotFoundError:
             return []
         except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("ship %s: %s unreadable (%s): the round history starts again", self.uuid,
-                        self.p(ROUNDS_FILE), exc)
+            log.warning(
+                "ship %s: %s unreadable (%s): the round history starts again", self.uuid, self.p(ROUNDS_FILE), exc
+            )
             return []
 
     def note_begun(self, round_id: int) -> None:
         """Remember (durably, before STATE answers) that this sender began round `round_id`:
         its sync.log may name it from now on."""
-        begun = [x for x in self.read_begun() if x != round_id][-(MAX_BEGUN - 1):] + [round_id]
+        begun = [x for x in self.read_begun() if x != round_id][-(MAX_BEGUN - 1) :] + [round_id]
         os.makedirs(self.path, exist_ok=True)
-        write_atomic(self.p(ROUNDS_FILE), json.dumps({"begun": [f"{x:016x}" for x in begun]}).encode(),
-                     self.fsync)
+        write_atomic(self.p(ROUNDS_FILE), json.dumps({"begun": [f"{x:016x}" for x in begun]}).encode(), self.fsync)
 
     def clear_begun(self) -> None:
         remove_durable(self.p(ROUNDS_FILE), self.fsync)
@@ -207,14 +209,14 @@ class SenderDirR:
         deleted: set[str] = set()
         try:
             with open(self.p(LOAD_LOG), encoding="utf-8", errors="replace") as fh:
-                lines = fh.read().split("\n")[:-1]     # a torn last line was never fsynced
+                lines = fh.read().split("\n")[:-1]  # a torn last line was never fsynced
         except FileNotFoundError:
             return loaded, deleted
         for line in lines:
             if line.startswith(LOAD_LINE):
-                loaded.add(line[len(LOAD_LINE):])
+                loaded.add(line[len(LOAD_LINE) :])
             elif line.startswith(DELETE_LINE):
-                deleted.add(line[len(DELETE_LINE):])
+                deleted.add(line[len(DELETE_LINE) :])
         return loaded, deleted
 
     def append_load_log(self, lines: list[str]) -> None:
@@ -320,8 +322,8 @@ def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True, vnod
         fl.seq, fl.round_id = rnd
     sd.write_files(fl)
     if rnd is not None and ended:
-        sd.clear_begun()        # the completed round is files.txt's now (a crash before: a superset)
-    for name in (RSYNC_LOG, LOAD_LOG, SYNC_END):     # the seed's order: 3, 4, 5
+        sd.clear_begun()  # the completed round is files.txt's now (a crash before: a superset)
+    for name in (RSYNC_LOG, LOAD_LOG, SYNC_END):  # the seed's order: 3, 4, 5
         remove_durable(sd.p(name), sd.fsync)
     _clean_data(sd, keep_parts)
     done.append(f"folded sync.log ({len(received)} received, {len(deleted)} deleted)")
@@ -373,5 +375,3 @@ def _remove_tree(path: str) -> None:
         os.rmdir(path)
     except FileNotFoundError:
         pass
-
-

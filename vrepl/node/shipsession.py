@@ -9,6 +9,7 @@ Must not: block the node's I/O thread (it reaches the vgroup through
 `asyncio.run_coroutine_threadsafe`), write into the archive or the WAL (ingest does), or
 trust a byte the sender sent before checking it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -89,16 +90,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vrepl.ship")
 
-KP_RECEIVED = register("ship.receiver.after_receive",
-                       "a file's bytes are whole and verified (renamed into data/, in sync.log);"
-                       " not yet handed to ingest")
-KP_INGESTED = register("ship.receiver.after_ingest",
-                       "the ingest record of a batch is committed; load.log does not name its files")
-KP_LOAD_LOGGED = register("ship.receiver.after_load_log",
-                          "load.log names the batch; LOADED not yet sent to the sender")
-KP_SYNC_END = register("ship.receiver.after_sync_end",
-                       "the round is received and loaded, sync.end written; sync.log not folded")
-
+KP_RECEIVED = register(
+    "ship.receiver.after_receive",
+    "a file's bytes are whole and verified (renamed into data/, in sync.log); not yet handed to ingest",
+)
+KP_INGESTED = register(
+    "ship.receiver.after_ingest", "the ingest record of a batch is committed; load.log does not name its files"
+)
+KP_LOAD_LOGGED = register("ship.receiver.after_load_log", "load.log names the batch; LOADED not yet sent to the sender")
+KP_SYNC_END = register(
+    "ship.receiver.after_sync_end", "the round is received and loaded, sync.end written; sync.log not folded"
+)
 
 
 class Session:
@@ -113,11 +115,11 @@ class Session:
         self.status: SenderStatus | None = None
         self.offers: dict[int, P.FileEntry] = {}
         self.deleted: list[P.FileEntry] = []
-        self.received: list[int] = []           # verified offers, not loaded yet
+        self.received: list[int] = []  # verified offers, not loaded yet
         self.round: P.Begin | None = None
         self.log: SyncLog | None = None
         self.bytes_in = 0
-        self.archived: set[Key] | None = None   # keys of this sender's archived files
+        self.archived: set[Key] | None = None  # keys of this sender's archived files
 
     # -- errors ----------------------------------------------------------------------------------
     def refuse(self, code: int, reason: str) -> Refused:
@@ -134,8 +136,11 @@ class Session:
             with self.svc._lock:
                 other = self.svc._active.get(uuid)
                 if other is not None:
-                    raise self.refuse(ERR_IN_USE, f"sender {uuid} is shipping from {other.stream.peer}"
-                                      " already (a second process, or a cloned UUID)")
+                    raise self.refuse(
+                        ERR_IN_USE,
+                        f"sender {uuid} is shipping from {other.stream.peer}"
+                        " already (a second process, or a cloned UUID)",
+                    )
                 self.svc._active[uuid] = self
                 self.status = self.svc.status_of.setdefault(uuid, SenderStatus(uuid))
             self.status.sender_id, self.status.host = self.hello.node, begin.host
@@ -158,7 +163,7 @@ class Session:
             self._note_error(reason)
             self.svc.m_rounds.labels(str(self.vg.id), "failed").inc()
             self.stream.send_error(ERR_DISK_FULL if exc.errno == 28 else ERR_LOAD, reason)
-        except Exception as exc:             # a bug here must not take the node down
+        except Exception as exc:  # a bug here must not take the node down
             log.exception("ship %s vg%d: session failed", uuid or "?", self.vg.id)
             self._note_error(repr(exc))
             self.stream.send_error(ERR_LOAD, f"receiver error: {exc!r}")
@@ -181,12 +186,16 @@ class Session:
     def _round(self, b: P.Begin) -> None:
         vg = self.vg
         if vg.role != "master" or vg.vnode is None:
-            raise self.refuse(ERR_NOT_MASTER, f"vg{vg.id} on n{vg.node_id} is {vg.role}, not the master"
-                              f" (master: n{vg.master})")
+            raise self.refuse(
+                ERR_NOT_MASTER, f"vg{vg.id} on n{vg.node_id} is {vg.role}, not the master (master: n{vg.master})"
+            )
         cfg = vg.node_cfg.vnode
         if (b.precision, b.file_span_ms) != (cfg.precision, cfg.file_span_ms):
-            raise self.refuse(ERR_CONFIG, f"the sender's vnode has precision {b.precision} and file_span_ms"
-                              f" {b.file_span_ms}, vg{vg.id} here {cfg.precision} and {cfg.file_span_ms}")
+            raise self.refuse(
+                ERR_CONFIG,
+                f"the sender's vnode has precision {b.precision} and file_span_ms"
+                f" {b.file_span_ms}, vg{vg.id} here {cfg.precision} and {cfg.file_span_ms}",
+            )
         self.round = b
         uuid = b.uuid.hex()
         sd = self.sd = SenderDirR(vg.path, uuid, self.svc.fsync)
@@ -196,8 +205,9 @@ class Session:
         try:
             done = recover(sd, self, vnode=vg.vnode)
         except (IngestError, ShipError) as exc:
-            raise self.refuse(ERR_BUSY, f"the previous round of sender {uuid} is not loaded yet ({exc});"
-                              " retry later") from None
+            raise self.refuse(
+                ERR_BUSY, f"the previous round of sender {uuid} is not loaded yet ({exc}); retry later"
+            ) from None
         if done:
             log.info("ship %s vg%d: recovered before the round: %s", uuid, vg.id, "; ".join(done))
         fl = sd.files()
@@ -216,7 +226,7 @@ class Session:
         if type(msg) is P.ListRequest:
             self._send_list(fl)
             msg = self.stream.recv()
-        if type(msg) is P.End:          # nothing new: no sync.log at all
+        if type(msg) is P.End:  # nothing new: no sync.log at all
             self.stream.send(P.Done(b.seq, len(fl.entries), digest))
             self.status.last_round, self.status.last_round_at = b.seq, time.time()
             self.status.files_behind = self.status.bytes_behind = 0
@@ -238,18 +248,21 @@ class Session:
         while True:
             t = type(msg)
             if t is P.Offer:
-                self._offer(msg)            # type: ignore[arg-type]
+                self._offer(msg)  # type: ignore[arg-type]
             elif t is P.Data:
-                self._data(msg)             # type: ignore[arg-type]
+                self._data(msg)  # type: ignore[arg-type]
             elif t is P.End:
                 break
             else:
                 raise self.refuse(ERR_PROTOCOL, f"unexpected {msg.describe()}")
             msg = self.stream.recv()
-        end: P.End = msg                    # type: ignore[assignment]
+        end: P.End = msg  # type: ignore[assignment]
         if end.offered != len(self.offers) or end.deleted != len(self.deleted):
-            raise self.refuse(ERR_PROTOCOL, f"end counts {end.offered}/{end.deleted}, received"
-                              f" {len(self.offers)} offers, {len(self.deleted)} deletions")
+            raise self.refuse(
+                ERR_PROTOCOL,
+                f"end counts {end.offered}/{end.deleted}, received"
+                f" {len(self.offers)} offers, {len(self.deleted)} deletions",
+            )
         self._load_received(final=True)
         self.log.write([LOG_TSFILE_END, LOG_END])
         self.log.close()
@@ -264,8 +277,16 @@ class Session:
         st.last_round_files, st.last_round_bytes = len(self.offers), self.bytes_in
         st.files_behind = st.bytes_behind = 0
         st.last_error = ""
-        log.info("ship %s vg%d: round %d: %d offered, %d deleted, %d B received; %d files held",
-                 uuid, vg.id, b.seq, len(self.offers), len(self.deleted), self.bytes_in, len(fl.entries))
+        log.info(
+            "ship %s vg%d: round %d: %d offered, %d deleted, %d B received; %d files held",
+            uuid,
+            vg.id,
+            b.seq,
+            len(self.offers),
+            len(self.deleted),
+            self.bytes_in,
+            len(fl.entries),
+        )
 
     def _check_lineage(self, b: P.Begin, fl: FileList) -> None:
         """A cloned UUID shipping at another time (docs/ship.md §7.1): the sender's last
@@ -278,18 +299,21 @@ class Session:
         if not known or not b.last_round_id or b.last_round_id in known:
             return
         uuid = b.uuid.hex()
-        raise self.refuse(ERR_LINEAGE, f"sender {uuid} ({b.host or '?'}) says its last round is"
-                          f" {b.last_round_id:016x}, but this receiver's last completed round of that UUID is"
-                          f" {fl.round_id:016x} (round {fl.seq}) and no round since has that id: another copy"
-                          f" of the sender (a cloned data directory) ships under the same UUID; give this copy"
-                          f" its own identity (remove <data>/ship/ on it, then release or transfer its tables),"
-                          f" or, if it is the original, remove {RECEIVER_DIR}/{uuid}/{ROUNDS_FILE} and"
-                          f" {RECEIVER_DIR}/{uuid}/{FILES_LIST} on the receiver's master")
+        raise self.refuse(
+            ERR_LINEAGE,
+            f"sender {uuid} ({b.host or '?'}) says its last round is"
+            f" {b.last_round_id:016x}, but this receiver's last completed round of that UUID is"
+            f" {fl.round_id:016x} (round {fl.seq}) and no round since has that id: another copy"
+            f" of the sender (a cloned data directory) ships under the same UUID; give this copy"
+            f" its own identity (remove <data>/ship/ on it, then release or transfer its tables),"
+            f" or, if it is the original, remove {RECEIVER_DIR}/{uuid}/{ROUNDS_FILE} and"
+            f" {RECEIVER_DIR}/{uuid}/{FILES_LIST} on the receiver's master",
+        )
 
     def _send_list(self, fl: FileList) -> None:
         entries = sorted(fl.entries.values(), key=lambda e: e.key)
         for k in range(0, len(entries), P.MAX_ENTRIES_PER_FRAME):
-            self.stream.send(P.ListPart(tuple(entries[k:k + P.MAX_ENTRIES_PER_FRAME])))
+            self.stream.send(P.ListPart(tuple(entries[k : k + P.MAX_ENTRIES_PER_FRAME])))
         self.stream.send(P.ListEnd(len(entries), fl.digest()))
 
     def _schema(self, first: P.ShipMessage) -> list[str]:
@@ -324,8 +348,11 @@ class Session:
                     raise self.refuse(ERR_PROTOCOL, f"table {table}: bad column {str(col)[:40]!r} {str(typ)[:20]!r}")
                 have = here.get(col)
                 if have is not None and not type_accepts(have, typ):
-                    raise self.refuse(ERR_TYPE, f"type conflict: {table}.{col} is {typ} on the sender,"
-                                      f" {have} on the receiver; nothing of this round was staged")
+                    raise self.refuse(
+                        ERR_TYPE,
+                        f"type conflict: {table}.{col} is {typ} on the sender,"
+                        f" {have} on the receiver; nothing of this round was staged",
+                    )
         if self.round is None:
             raise InvariantViolation("self.round is not set")
         why = self.svc.claim(self.vg, self.round.uuid.hex(), sorted(tables))
@@ -384,8 +411,10 @@ class Session:
         if e is None:
             raise self.refuse(ERR_PROTOCOL, f"data for #{msg.index}, never offered")
         if msg.offset + msg.size != e.size:
-            raise self.refuse(ERR_BAD_DATA, f"data for {e.describe()} claims bytes {msg.offset}..{msg.offset + msg.size},"
-                              f" the file is {e.size} B")
+            raise self.refuse(
+                ERR_BAD_DATA,
+                f"data for {e.describe()} claims bytes {msg.offset}..{msg.offset + msg.size}, the file is {e.size} B",
+            )
         path = self.sd.data_file(e)
         part = path + PART_SUFFIX
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -396,7 +425,7 @@ class Session:
             os.ftruncate(fd, msg.offset)
             crc = 0
             pos = 0
-            while pos < msg.offset:                      # the checksum of what a cut left
+            while pos < msg.offset:  # the checksum of what a cut left
                 chunk = os.pread(fd, min(16 << 20, msg.offset - pos), pos)
                 if not chunk:
                     break
@@ -410,9 +439,9 @@ class Session:
             def sink(view: memoryview) -> None:
                 state[0] = _crc.crc32c(view, state[0])
                 rest = view
-                while rest:         # a short write (a full disk) is followed by ENOSPC, never ignored
-                    rest = rest[os.write(fd, rest):]
-                counter.inc(len(view))      # as it arrives: a cut transfer counts what came
+                while rest:  # a short write (a full disk) is followed by ENOSPC, never ignored
+                    rest = rest[os.write(fd, rest) :]
+                counter.inc(len(view))  # as it arrives: a cut transfer counts what came
                 self.bytes_in += len(view)
 
             self.stream.recv_raw(msg.size, sink)
@@ -423,8 +452,9 @@ class Session:
                 fd = -1
                 os.unlink(part)
                 self.svc.m_retries.labels(str(self.vg.id)).inc()
-                self.stream.send(P.Result(msg.index, P.RESULT_BAD,
-                                          f"checksum {state[0] or 1:#010x}, announced {e.magic:#010x}"))
+                self.stream.send(
+                    P.Result(msg.index, P.RESULT_BAD, f"checksum {state[0] or 1:#010x}, announced {e.magic:#010x}")
+                )
                 return
             # No fsync here: ingest fsyncs the file when it stages it (docs/vnode.md §9.1); a
             # file a crash damaged before its load fails the CRC check of recovery and is
@@ -483,21 +513,22 @@ class Session:
         sd, vg = self.sd, self.vg
         arch = sd.archive(vg.vnode) if deletions else {}
         removals: list[tuple[P.FileEntry, list[IngestRemove]]] = [
-            (e, [IngestRemove(*x) for x in arch.get(e.key, ())]) for e in deletions or ()]
+            (e, [IngestRemove(*x) for x in arch.get(e.key, ())]) for e in deletions or ()
+        ]
         del_batches: list[list[tuple[P.FileEntry, list[IngestRemove]]]] = []
-        for item in removals:       # at most MAX_ROUND_FILES removals per record
+        for item in removals:  # at most MAX_ROUND_FILES removals per record
             if not del_batches or sum(len(r) for _, r in del_batches[-1]) + len(item[1]) > MAX_ROUND_FILES:
                 del_batches.append([])
             del_batches[-1].append(item)
-        add_batches = [files[k:k + MAX_ROUND_FILES] for k in range(0, len(files), MAX_ROUND_FILES)]
+        add_batches = [files[k : k + MAX_ROUND_FILES] for k in range(0, len(files), MAX_ROUND_FILES)]
         n = max(len(add_batches), len(del_batches))
         add_batches = [[]] * (n - len(add_batches)) + add_batches
-        del_batches = [[]] * (n - len(del_batches)) + del_batches     # with the last adds
+        del_batches = [[]] * (n - len(del_batches)) + del_batches  # with the last adds
         version = epoch = 0
         for batch, dbatch in zip(add_batches, del_batches):
             remove = [r for _, rs in dbatch for r in rs]
             lines = [LOAD_LINE + key_text(e.key) for e in batch] + [DELETE_LINE + key_text(e.key) for e, _ in dbatch]
-            if not batch and not remove:        # deletions of files the archive no longer holds
+            if not batch and not remove:  # deletions of files the archive no longer holds
                 sd.append_load_log(lines)
                 continue
             sub = f"ship-{sd.uuid}-{os.urandom(6).hex()}"
@@ -508,15 +539,25 @@ class Session:
             for k, e in enumerate(batch):
                 _link_or_copy(sd.data_file(e), os.path.join(incoming, f"{k}.parquet"))
                 specs.append(IngestFile(f"{sub}/{k}.parquet", e.table, sd.origin, e.size, e.magic))
-            meta = {"sender": sd.uuid, "round": self.round.round_id if self.round else 0,
-                    "seq": self.round.seq if self.round else 0}
+            meta = {
+                "sender": sd.uuid,
+                "round": self.round.round_id if self.round else 0,
+                "seq": self.round.seq if self.round else 0,
+            }
             t0 = time.monotonic()
             try:
                 res = self._ingest(specs, meta, remove)
             finally:
                 _remove_tree(incoming)
-            log.info("ship %s vg%d: %d files loaded, %d removed by record v%d in %.3f s", sd.uuid, vg.id,
-                     len(batch), len(remove), res.version, time.monotonic() - t0)
+            log.info(
+                "ship %s vg%d: %d files loaded, %d removed by record v%d in %.3f s",
+                sd.uuid,
+                vg.id,
+                len(batch),
+                len(remove),
+                res.version,
+                time.monotonic() - t0,
+            )
             killpoint(KP_INGESTED)
             sd.append_load_log(lines)
             killpoint(KP_LOAD_LOGGED)
@@ -550,4 +591,3 @@ class Session:
             except TimeoutError:
                 raise self.refuse(ERR_LOAD, f"load not confirmed within {INGEST_TIMEOUT_S:g} s") from None
         raise self.refuse(ERR_BUSY, "the vgroup stayed busy with other rounds; retry later")
-
