@@ -786,3 +786,51 @@ def test_a_file_replaced_by_a_flush_during_the_transfer(tmp_path, edge):
         assert leftovers(recv) == [] and sender_leftovers(edge) == []
     finally:
         recv.close()
+
+
+MANY_FILES = int(os.environ.get("VREPL_SHIP_MANY_FILES", "100000"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_100000_files_in_one_round(tmp_path):
+    """One round of 100,000 small archived files (100 tables x 1,000 buckets, one row each;
+    the edge's vnode directory is written by the real vnode, without a node process) into a
+    real receiving node by a real `vrepl ship`: every file loaded (100 ingest records of
+    1,000), the receiver's archive equals the edge's, and the next round is "nothing new".
+    VREPL_SHIP_MANY_FILES sets another count (the figure: docs/ship.md §12)."""
+    from vrepl.vnode import Vnode, VnodeConfig
+    from vrepl.wal import WalOptions, WalWriter
+
+    edge_vg = os.path.join(str(tmp_path), "edge", "vg1")
+    v = Vnode(edge_vg, VnodeConfig(fsync=False))
+    wal = WalWriter(os.path.join(edge_vg, "wal"), WalOptions(durability="none"))
+    rows = [(f"t{i % 100}", (i // 100) * SPAN_MS, {"x": float(i)}) for i in range(MANY_FILES)]
+    for k in range(0, len(rows), 5000):
+        reason, payload = v.prepare_write(rows[k : k + 5000])
+        assert reason is None, reason
+        version = wal.append(payload, 1)
+        v.write_to_cache(version, 1, payload)
+    v.flush(wal)
+    assert len(read_manifest_of(edge_vg).files) == MANY_FILES
+    wal.close()
+    recv = receiver(tmp_path, 1)
+    try:
+        to = recv.nodes[1].replication
+        argv = python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge_vg, "--sender-id", "7",
+                           "--once", "--timeout", "600", "--no-progress")
+        env = dict(os.environ, VREPL_SHIP_SECRET=SECRET)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=7000)
+        assert p.returncode == EXIT_OK, p.stderr[-2000:]
+        assert f"{MANY_FILES} of {MANY_FILES} new files loaded" in p.stdout, p.stdout
+        print(p.stdout)
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge_vg, False)
+        for t in ("t0", "t99"):
+            got = [(r["ts"], r["x"]) for r in recv.replica_rows(1, t)]
+            assert got == [(ts, x["x"]) for tt, ts, x in rows if tt == t]
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stdout + p.stderr
+        print(p.stdout)
+        assert leftovers(recv) == []
+    finally:
+        recv.close()
