@@ -114,70 +114,56 @@ def _conf(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def run_ship(args: argparse.Namespace) -> int:
-    """`vrepl validate --ship SENDER_DIR RECEIVER_DIR`: 0 the receiver holds exactly the rows
-    shipped, 1 it differs (named), 2 usage or input error, 3 interrupted."""
+def _ship_report(args: argparse.Namespace) -> Any:
+    """`vrepl validate --ship SENDER_DIR RECEIVER_DIR` (docs/ship.md §11): the ShipReport."""
     from vrepl.spark.shipcheck import validate_ship
-    try:
-        if args.replicas or args.vgroup:
-            raise InputError("--ship compares a sender with a receiver: give no replica directories")
-        if args.examples < 0:
-            raise InputError("--examples must be >= 0")
-        log_path = None
-        if args.out:
-            if os.path.exists(args.out) and not os.path.isdir(args.out):
-                raise InputError(f"--out {args.out}: exists and is not a directory")
-            os.makedirs(args.out, exist_ok=True)
-            log_path = os.path.join(args.out, "spark.log")
-        report = validate_ship(args.ship[0], args.ship[1], state=args.ship_state, master=args.master,
-                               examples=args.examples, spark_conf=_conf(args),
-                               log_level=args.log_level, log_path=log_path)
-    except (InputError, SparkJobError) as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return EXIT_INTERRUPTED
-    except OSError as exc:
-        _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
-        return EXIT_USAGE
+    if args.replicas or args.vgroup:
+        raise InputError("--ship compares a sender with a receiver: give no replica directories")
+    if args.examples < 0:
+        raise InputError("--examples must be >= 0")
+    log_path = None
+    if args.out:
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise InputError(f"--out {args.out}: exists and is not a directory")
+        os.makedirs(args.out, exist_ok=True)
+        log_path = os.path.join(args.out, "spark.log")
+    report = validate_ship(args.ship[0], args.ship[1], state=args.ship_state, master=args.master,
+                           examples=args.examples, spark_conf=_conf(args),
+                           log_level=args.log_level, log_path=log_path)
     if args.out:
         import json
         with open(os.path.join(args.out, "ship_report.json"), "w", encoding="utf-8") as fh:
             json.dump(report.to_json(), fh, indent=1)
-    if args.json:
-        import json
-        print(json.dumps(report.to_json(), indent=1))
-    else:
-        report.print()
-    return report.exit_code
+    return report
+
+
+def _report(args: argparse.Namespace) -> Any:
+    """The replicas' validation: the Report, written to --out."""
+    groups = _groups(args)
+    conf = _conf(args)
+    for name in ("bucket_ms", "max_record_bytes"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be positive")
+    if args.examples < 0 or args.max_diff_rows < 0:
+        raise InputError("--examples and --max-diff-rows must be >= 0")
+    out = args.out or time.strftime("vrepl-validate-%Y%m%d-%H%M%S")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise InputError(f"--out {out}: exists and is not a directory")
+    os.makedirs(out, exist_ok=True)
+    report = validate(groups, master=args.master, bucket_ms=args.bucket_ms,
+                      examples=args.examples, max_diff_rows=args.max_diff_rows,
+                      max_record_bytes=args.max_record_bytes, spark_conf=conf,
+                      log_level=args.log_level, log_path=os.path.join(out, "spark.log"))
+    report.write(out)
+    return report
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the validation from parsed arguments; returns the exit code."""
-    if getattr(args, "ship", None):
-        return run_ship(args)
+    """Run the validation from parsed arguments (`--ship`: a sender against its receiver);
+    returns the exit code: 0 agree, 1 differences, 2 usage or input error, 3 interrupted."""
     try:
-        groups = _groups(args)
-        conf = _conf(args)
-        for name in ("bucket_ms", "max_record_bytes"):
-            if getattr(args, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be positive")
-        if args.examples < 0 or args.max_diff_rows < 0:
-            raise InputError("--examples and --max-diff-rows must be >= 0")
-        out = args.out or time.strftime("vrepl-validate-%Y%m%d-%H%M%S")
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise InputError(f"--out {out}: exists and is not a directory")
-        os.makedirs(out, exist_ok=True)
-        report = validate(groups, master=args.master, bucket_ms=args.bucket_ms,
-                          examples=args.examples, max_diff_rows=args.max_diff_rows,
-                          max_record_bytes=args.max_record_bytes, spark_conf=conf,
-                          log_level=args.log_level, log_path=os.path.join(out, "spark.log"))
-        report.write(out)
-    except InputError as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    except SparkJobError as exc:
+        report = _ship_report(args) if getattr(args, "ship", None) else _report(args)
+    except (InputError, SparkJobError) as exc:
         _err(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
