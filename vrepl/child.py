@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from typing import IO, Any, Callable, Sequence, TypeVar
 
 LOOPBACK = "127.0.0.1"
@@ -74,19 +76,62 @@ def start_node(config_path: str, *, prefix: Sequence[str] = (), console_script: 
     return start_child([*prefix, *node_argv(config_path, console_script=console_script)], **kw)
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` distinct ports that were free on 127.0.0.1 a moment ago (bound together to port 0,
-    then closed: another process may take one before the child binds it)."""
-    socks, ports = [], []
+def _listen_port_range() -> tuple[int, int]:
+    """Ports to hand out: those below the kernel's ephemeral range (outgoing connections take
+    their local port from that range, so a port picked there can be taken by any connect()
+    before the child binds it: the "address already in use" flake). [lo, hi) or (0, 0)."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((LOOPBACK, 0))
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            eph_lo = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    lo = 10000
+    return (lo, eph_lo) if eph_lo - lo >= 4096 else (0, 0)
+
+
+# Ports this process handed out lately: not handed out again while they may still be starting.
+_HANDED_OUT: deque[int] = deque(maxlen=2048)
+_PICK = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
+def _bindable(port: int) -> socket.socket | None:
+    s = socket.socket()
+    try:
+        s.bind((LOOPBACK, port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports that were free on 127.0.0.1 a moment ago (bound together, then
+    closed: another process may still take one before the child binds it). Picked at random
+    below the ephemeral range when the kernel leaves room there, and never one this process
+    handed out lately, so neither a client's outgoing connection nor the previous test's
+    node can hold it."""
+    lo, hi = _listen_port_range()
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        tries = 0
+        while len(ports) < n:
+            tries += 1
+            if lo and tries <= 200 * n:
+                port = _PICK.randrange(lo, hi)
+                if port in _HANDED_OUT or port in ports:
+                    continue
+                s = _bindable(port)
+            else:  # no room below the ephemeral range (or unlucky): let the kernel pick
+                s = _bindable(0)
+            if s is None:
+                continue
             socks.append(s)
             ports.append(s.getsockname()[1])
     finally:
         for s in socks:
             s.close()
+    _HANDED_OUT.extend(ports)
     return ports
 
 

@@ -45,7 +45,10 @@ def test_fresh_three_replica_groups_settle_at_epoch_1_without_a_step_down(tmp_pa
     (e1 -> e2, sometimes e3). Several fresh groups, each must settle at e1: one master that
     never steps down, every replica's only epoch 1."""
     for run in range(4):
-        c = LocalCluster(str(tmp_path / f"c{run}"), 3, vgroup=1, quorum=2, secret=SECRET)
+        # A heartbeat timeout of 10 s (not 2): a machine loaded enough to starve a node for
+        # 2 s would cause a legitimate re-election, which is not the churn this test is about.
+        c = LocalCluster(str(tmp_path / f"c{run}"), 3, vgroup=1, quorum=2, secret=SECRET,
+                         sync={"heartbeat_timeout_ticks": 100})
         try:
             c.start()
             c.wait_ready()

@@ -139,6 +139,15 @@ def test_a_round_reaches_every_replica_through_one_record(cluster):
     assert ingest_status(c, slaves[1])["files_fetched"] == 2
     assert ingest_status(c, m)["rounds_ingested"] == 1
     assert ingest_status(c, m)["files_served"] == 3
+    # The same counts in /metrics (docs/operations.md §Metrics).
+    vg = str(VG)
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=vg, result="ingested") == 1
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=vg, result="refused") == 0
+    assert c.metric(m, "vrepl_ingest_files_total", vgroup=vg, how="served") == 3
+    assert c.metric(slaves[0], "vrepl_ingest_files_total", vgroup=vg, how="incoming") == 1
+    assert c.metric(slaves[1], "vrepl_ingest_files_total", vgroup=vg, how="fetched") == 2
+    for nid in slaves:
+        assert c.metric(nid, "vrepl_ingest_rounds_staged_total", vgroup=vg) == 1
     # The table's schema came with the round, on every replica.
     with c.client() as cl:
         for nid in c.nodes:
@@ -172,6 +181,10 @@ def test_refusals_leave_nothing_written(cluster):
     assert os.path.exists(os.path.join(incoming(c, m), "b.parquet"))
     for nid in c.nodes:
         assert archived_round_files(c, nid) == [] and staging_leftovers(c, nid) == []
+    # Four refused on the master (name, missing file, checksum, schema), one on the slave.
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=str(VG), result="refused") == 4
+    assert c.metric(slave, "vrepl_ingest_rounds_total", vgroup=str(VG), result="refused") == 1
+    assert c.metric(m, "vrepl_ingest_rounds_total", vgroup=str(VG), result="ingested") == 0
 
 
 def test_one_replica(cluster):
@@ -190,20 +203,20 @@ def _stopped(pid: int) -> bool:
         return False
 
 
-def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
-    """The master's only copy of the round vanishes right after it was staged (a pause
-    point freezes the master there): no slave can stage the files, so none acknowledges the
-    record; the producer's request and a client write after it time out with an unknown
-    outcome. When the files are back, the slaves fetch them, acknowledge, and the round
-    and the write go through on every replica."""
+def ingest_with_the_round_hidden(cluster, monkeypatch, write_timeout_ms: int):
+    """A cluster whose master is frozen (a pause point) right after staging a round; its
+    staged copy, the only one, is moved away before it goes on. (cluster, the producer's
+    thread, its answer {"r": (code, doc)} once it has one, a function that puts the copy
+    back)."""
     monkeypatch.setenv("VREPL_KILLPOINT", "ingest.master.after_stage:stop")
-    c = cluster(http={"write_timeout_ms": 3000})
+    c = cluster(http={"write_timeout_ms": write_timeout_ms})
     monkeypatch.delenv("VREPL_KILLPOINT")
     m = c.master()
     pid = c.nodes[m].proc.pid
     files = place_round(c, m, ROUND)
     answer: dict = {}
-    t = threading.Thread(target=lambda: answer.update(r=post_ingest(c, m, files)))
+    t = threading.Thread(target=lambda: answer.update(
+        r=post_ingest(c, m, files, timeout_s=write_timeout_ms / 1000 + 20)))
     t.start()
     c.wait_for("master paused after staging", lambda: _stopped(pid), 20, 0.005)
     staged = os.path.join(vg_path(c, m), "ingest", "staged")
@@ -211,6 +224,17 @@ def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
     hidden = os.path.join(c.base_dir, "hidden-round")
     shutil.move(os.path.join(staged, rnd), hidden)
     os.kill(pid, signal.SIGCONT)
+    return c, t, answer, lambda: shutil.move(hidden, os.path.join(staged, rnd))
+
+
+def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
+    """The master's only copy of the round vanishes right after it was staged (a pause
+    point freezes the master there): no slave can stage the files, so none acknowledges the
+    record; the producer's request and a client write after it time out with an unknown
+    outcome. When the files are back, the slaves fetch them, acknowledge, and the round
+    and the write go through on every replica."""
+    c, t, answer, put_back = ingest_with_the_round_hidden(cluster, monkeypatch, 3000)
+    m = c.master()
     t.join(30)
     code, doc = answer["r"]
     assert code == 504 and doc["code"] == "timeout" and doc["outcome"] == "unknown", doc
@@ -222,7 +246,9 @@ def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
                                 json.dumps([["ing", 99_999, {"x": 1, "tag": "w"}]]).encode())
     finally:
         cl.close()
-    assert code == 504 and wdoc["version"] == version + 1
+    # Above the round's version (and the no-ops the master forwarded while the producer
+    # waited: the round commits with the next record a quorum confirms).
+    assert code == 504 and wdoc["version"] > version
     for nid in c.nodes:
         st = ingest_status(c, nid)
         assert st["unstaged_rounds"] == 1, (nid, st)      # the master lost its copy too
@@ -232,11 +258,27 @@ def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
         assert [r[0] for r in got_rows(c, nid)] == [99_999]
     # The files come back: the replicas stage them, acknowledge, and everything commits
     # (the master forwards a no-op now and then until the timed-out round is committed).
-    shutil.move(hidden, os.path.join(staged, rnd))
-    want = [r[:2] + r[3:] for r in expected_rows(ROUND)] + [(99_999, version + 1, 1, "w")]
+    put_back()
+    want = [r[:2] + r[3:] for r in expected_rows(ROUND)] + [(99_999, wdoc["version"], 1, "w")]
     for nid in c.nodes:
         c.wait_for(f"n{nid} converges",
                    lambda nid=nid: [r[:2] + r[3:] for r in got_rows(c, nid)] == want
                    and ingest_status(c, nid)["pending_rounds"] == 0, 30, 0.1)
         assert staging_leftovers(c, nid) == []
         assert len(archived_round_files(c, nid)) == 2
+
+
+def test_a_round_whose_files_come_late_commits_within_the_producers_wait(cluster, monkeypatch):
+    """The slaves cannot fetch the round's files for longer than the sync layer's forward
+    timeout (2 s: the master's staged copy is away for 3.5 s), but less than the producer's
+    wait (write_timeout_ms 20 s): the round is not given up as of unknown outcome; the
+    master keeps a no-op in flight, and the producer gets 200 once the slaves staged it."""
+    c, t, answer, put_back = ingest_with_the_round_hidden(cluster, monkeypatch, 20_000)
+    t.join(3.5)
+    assert t.is_alive() and "r" not in answer      # past the forward timeout: still waiting
+    put_back()
+    t.join(30)
+    code, doc = answer["r"]
+    assert code == 200, doc
+    assert doc["files"] == 2
+    wait_round_everywhere(c, ROUND)

@@ -60,16 +60,6 @@ def write_old_records_and_archive_them(path: str, count: int, truncate_wal: bool
     return archived
 
 
-def metric(c: LocalCluster, node: int, name: str, **labels: str) -> float | None:
-    with urllib.request.urlopen(f"http://{c.nodes[node].http}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
-
-
 def table_names(c: LocalCluster, node: int) -> list[str]:
     with Client([c.nodes[node].http]) as cl:
         return [t["name"] for t in cl.tables(VG, node=c.nodes[node].http)["tables"]]
@@ -175,14 +165,14 @@ def test_a_wal_ending_below_the_archive_starts_in_needs_restore_and_serves_nothi
             assert doc["outcome"] == "not_written"
         c.wait_for("x keeps trying", lambda: c.vgroup_status(x)["needs_restore"]["attempts"] >= 2
                    and c.vgroup_status(x)["needs_restore"]["last_error"], 20)
-        assert metric(c, x, "vrepl_needs_restore", vgroup=str(VG)) == 1
-        assert metric(c, x, "vrepl_self_restores_total", vgroup=str(VG), result="failed") >= 1
+        assert c.metric(x, "vrepl_needs_restore", vgroup=str(VG)) == 1
+        assert c.metric(x, "vrepl_self_restores_total", vgroup=str(VG), result="failed") >= 1
         for n in others:
             c.start(n)
         c.wait_ready()
         c.wait_for("x restored itself and is a slave", self_restored(c, x, 1), 60)
-        assert metric(c, x, "vrepl_needs_restore", vgroup=str(VG)) == 0
-        assert metric(c, x, "vrepl_self_restores_total", vgroup=str(VG), result="ok") == 1
+        assert c.metric(x, "vrepl_needs_restore", vgroup=str(VG)) == 0
+        assert c.metric(x, "vrepl_self_restores_total", vgroup=str(VG), result="ok") == 1
         assert_same_rows_as_master(c, x)
         with c.client() as cl:              # and it takes part again
             cl.write(VG, rows("t1", 5000, 10, "c"))

@@ -175,6 +175,20 @@ def test_a_dripped_body_is_closed_although_it_never_pauses_long(served):
     assert 0.5 <= time.monotonic() - t0 < 4
 
 
+def test_the_408_reaches_a_client_that_keeps_sending_after_the_deadline(served):
+    # The client writes after the server answered 408: without a lingering close the kernel
+    # answers those bytes with RST, which destroys the unread 408 (ECONNRESET, no answer).
+    srv = served(body_timeout_ms=200)
+    with connect(srv.addr) as s:
+        s.sendall(b"POST /w HTTP/1.1\r\nContent-Length: 100000\r\n\r\n")
+        time.sleep(0.8)                     # the 408 is sent and waits unread
+        s.sendall(b"x" * 5000)
+        time.sleep(0.3)                     # an RST would have arrived by now
+        out = read_all(s)
+    assert status_of(out) == 408, out[:200]
+    assert body_of(out)["code"] == "body_timeout"
+
+
 def test_a_large_body_arriving_steadily_is_not_cut(served):
     srv = served(body_timeout_ms=300)
     body = b"y" * (300 * 1024)      # 5 windows of 300 ms; sent in 1.0 s with short pauses

@@ -92,6 +92,9 @@ TLS_HANDSHAKE_BYTE = b"\x16"
 # of it per started BODY_WINDOW_BYTES in all, so a client dripping a byte at a time cannot
 # hold a connection (docs/client-api.md §Deadlines).
 BODY_WINDOW_BYTES = 64 * 1024
+# How long a connection closed with an answer (a 408, a 413...) keeps reading what the client
+# still sends, so that its answer reaches it (HttpProtocol._reply_close).
+LINGER_S = 2.0
 AUTH_CHALLENGE = 'Bearer realm="vrepl"'
 # A well-formed version this server does not speak gets 505; anything else in its place, 400.
 HTTP_VERSION_RE = re.compile(r"HTTP/[0-9](?:\.[0-9])?")
@@ -198,6 +201,7 @@ class HttpProtocol(asyncio.Protocol):
         self.body_length = 0
         self.write_paused_at: float | None = None   # the client stopped reading our answers
         self.target: str | None = None    # the request target being read (refusals' shape)
+        self.linger_until: float | None = None  # answered and half-closed: see _reply_close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -206,7 +210,8 @@ class HttpProtocol(asyncio.Protocol):
         srv = self.server
         if len(srv.conns) >= srv.max_connections:
             self._reply_close(error(503, "too_many_connections",
-                                    f"this node has {srv.max_connections} connections (max_connections)"))
+                                    f"this node has {srv.max_connections} connections (max_connections)"),
+                              linger=False)  # not in srv.conns: nothing would end its linger
             return
         srv.conns.add(self)
 
@@ -252,7 +257,10 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _reply_close(self, resp: Response) -> None:
+    def eof_received(self) -> bool | None:
+        return None  # the client closed its side: close ours (a lingering close ends here)
+
+    def _reply_close(self, resp: Response, linger: bool = True) -> None:
         self.closing = True
         shape = self.server.shape_refusal
         if shape is not None and self.target is not None:
@@ -260,11 +268,22 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.server.responses[("none", resp.status)] += 1
             self.transport.write(encode_response(resp, False))
-            self.transport.close()
+            if linger and self.transport.can_write_eof():
+                # Half-close and keep reading (and dropping) what the client still sends for
+                # LINGER_S: closing a socket with unread bytes makes the kernel answer RST,
+                # which destroys this answer in the client's receive buffer before it reads
+                # it (a client still sending its body would never see its 408).
+                self.transport.write_eof()
+                self.linger_until = time.monotonic() + LINGER_S
+            else:
+                self.transport.close()
 
     def expire(self, now: float) -> None:
         """Close this connection if it missed a deadline (HttpServer._sweep calls it)."""
         srv = self.server
+        if self.linger_until is not None and now > self.linger_until and self.transport is not None:
+            self.transport.abort()
+            return
         if self.closing or self.transport is None:
             return
         if self.write_paused_at is not None:

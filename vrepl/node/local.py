@@ -12,8 +12,11 @@ import json
 import os
 import signal
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from vrepl.child import LOOPBACK, free_ports, start_node, wait_for
 from vrepl.client import Client
@@ -67,7 +70,7 @@ class LocalCluster:
                  sync: dict | None = None, http: dict | None = None,
                  log_level: str = "INFO", log_format: str = "text",
                  arbitrator: str | None = None, client_kw: dict | None = None,
-                 ship_senders: list[dict] | None = None) -> None:
+                 ship_senders: list[dict] | None = None, txn: dict | None = None) -> None:
         self.base_dir = os.path.abspath(base_dir)
         # Client keyword arguments for every client this object makes (token, tls, cafile),
         # for nodes whose [http] sets token_file or tls_cert.
@@ -95,6 +98,8 @@ class LocalCluster:
                 doc["vnode"] = dict(vnode)
             if sync:
                 doc["sync"] = dict(sync)
+            if txn:
+                doc["txn"] = dict(txn)
             doc["nodes"] = node_table
             doc["vgroups"] = [{"id": vg, "replicas": [e["id"] for e in node_table],
                                "quorum": quorum, **({"arbitrator": arbitrator} if arbitrator else {})}
@@ -177,6 +182,17 @@ class LocalCluster:
         if st is None:
             return None
         return next((v for v in st["vgroups"] if v["vgroup"] == self.vgroup), None)
+
+    def metric(self, node: int, name: str, **labels: str) -> float | None:
+        """One sample of a node's `GET /metrics` (read with prometheus_client's own parser):
+        the first named `name` whose labels include `labels`; None if there is none."""
+        with urllib.request.urlopen(f"http://{self.nodes[node].http}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return None
 
     def roles(self) -> dict[int, str]:
         out = {}

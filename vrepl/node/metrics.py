@@ -84,6 +84,7 @@ class NodeCollector:
         yield info
         yield from self._http()
         yield from self._vgroups()
+        yield from self._txns()
 
     def _http(self) -> Iterator[Metric]:
         http = self.m.http
@@ -94,6 +95,39 @@ class NodeCollector:
             for (route, status), n in sorted(http.responses.items()):
                 fam.add_metric([route, str(status)], n)
         yield fam
+
+    def _txns(self) -> Iterator[Metric]:
+        """Transactions (docs/transactions.md §10): by state, aborts by reason, staged bytes,
+        refusals by code and the visible lag (commit forwarded -> VISIBLE, master)."""
+        states = GaugeMetricFamily("vrepl_txns", "Transactions this replica knows, by state"
+                                   " (finished ones until their label expires)",
+                                   labels=["vgroup", "state"])
+        aborts = CounterMetricFamily("vrepl_txn_aborts", "Transactions aborted, by reason kind"
+                                     " (timeout, client, other)", labels=["vgroup", "reason"])
+        staged = GaugeMetricFamily("vrepl_txn_staged_bytes", "Bytes of rows staged by open"
+                                   " transactions", labels=["vgroup"])
+        refused = CounterMetricFamily("vrepl_txn_refusals", "Transaction steps refused by this"
+                                      " master, by code", labels=["vgroup", "code"])
+        lag = GaugeMetricFamily("vrepl_txn_visible_lag_seconds", "From a commit record's forward"
+                                " to VISIBLE on this master, over the last 1000 commits",
+                                labels=["vgroup", "stat"])
+        for vg in self.m.vgroups.values():
+            if vg.vnode is None or vg.state != "serving":
+                continue
+            v = str(vg.id)
+            st = vg.txns.status()
+            for state, n in st["states"].items():
+                states.add_metric([v, state], n)
+            for reason, n in sorted(st["aborts"].items()):
+                aborts.add_metric([v, reason], n)
+            staged.add_metric([v], st["staged_bytes"])
+            for code, n in sorted(st["refusals"].items()):
+                refused.add_metric([v, code], n)
+            for stat in ("p50", "max"):
+                ms = st[f"visible_lag_ms_{stat}"]
+                if ms is not None:
+                    lag.add_metric([v, stat], ms / 1000.0)
+        yield from (states, aborts, staged, refused, lag)
 
     def _vgroups(self) -> Iterator[Metric]:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -153,6 +187,16 @@ class NodeCollector:
                       " and restores itself from the master), else 0")
         self_restores = counter("vrepl_self_restores", "Self-restores of the vgroup, by result",
                                 ("result",))
+        i_rounds = counter("vrepl_ingest_rounds", "Rounds of ingested files this node took as"
+                           " master, by result: ingested, refused, unknown (outcome not known)",
+                           ("result",))
+        i_staged = counter("vrepl_ingest_rounds_staged", "Ingest records whose files this replica"
+                           " staged (a slave: before it acks)")
+        i_files = counter("vrepl_ingest_files", "Files of ingest rounds, by how this replica got or"
+                          " gave them: incoming (the master's own), fetched (from a replica),"
+                          " served (to a replica)", ("how",))
+        i_fetch_fail = counter("vrepl_ingest_fetch_failures", "Fetches of a round's missing files"
+                               " that failed (retried)")
         limiter: dict[str, int] = {}
         refusals: dict[str, int] = {}
         for vg in self.m.vgroups.values():
@@ -222,11 +266,20 @@ class NodeCollector:
             flush_errors.add_metric([v], vg.flush_errors)
             mem_rows.add_metric([v], vst["memtable_rows"])
             mem_bytes.add_metric([v], vst["memtable_bytes"])
+            ic = vg.rounds.counters
+            for result in ("ingested", "refused", "unknown"):
+                i_rounds.add_metric([v, result], ic["rounds_" + result])
+            i_staged.add_metric([v], ic["rounds_staged"])
+            for how, key in (("incoming", "files_from_incoming"), ("fetched", "files_fetched"),
+                             ("served", "files_served")):
+                i_files.add_metric([v, how], ic[key])
+            i_fetch_fail.add_metric([v], ic["fetch_failures"])
             refusals = sync.connection_refusals() or refusals  # one server per node: shared
         yield from (role, epoch, master, *versions.values(), connected, heard, acked, lag_v, lag_s,
                     forwards, forward_bytes, refused, confirmed, queued, flow, wal_bytes, commits,
                     role_changes, epochs, won, r_started, r_ended, r_bytes, r_records, writes, rows,
-                    pending, flushes, flush_errors, mem_rows, mem_bytes, needs, self_restores)
+                    pending, flushes, flush_errors, mem_rows, mem_bytes, needs, self_restores,
+                    i_rounds, i_staged, i_files, i_fetch_fail)
         running = GaugeMetricFamily("vrepl_restores_running", "Restore sessions holding one of the"
                                     " node's max_concurrent_restores slots")
         running.add_metric([], limiter.get("running", 0))

@@ -576,7 +576,7 @@ class Session:
         if loop is None:
             raise self.refuse(ERR_NOT_MASTER, f"vg{vg.id} is not running")
         for _ in range(INGEST_BUSY_TRIES):
-            fut = asyncio.run_coroutine_threadsafe(vg.rounds.ingest(specs, "ship", meta, remove), loop)
+            fut = asyncio.run_coroutine_threadsafe(vg.ingest(specs, "ship", meta, remove), loop)
             try:
                 return fut.result(INGEST_TIMEOUT_S)
             except IngestError as exc:

@@ -1,7 +1,9 @@
 """The reference vnode: the storage half of a time-series vnode that embeds vrepl.
 
 Owns: rows and their validation (rows.py), the memtable (memtable.py), archived Parquet
-files and the manifest (files.py), and the callback API a sync instance calls (vnode.py).
+files and the manifest (files.py), and the callback API a sync instance calls (vnode.py,
+with its flush in flush.py, its queries in query.py, the restore flow's questions in
+restoreinfo.py).
 Must not: open sockets or write the WAL (the sync instance owns it). docs/vnode.md.
 """
 from vrepl.vnode.config import VnodeConfig, config_invalid

@@ -20,7 +20,7 @@ import re
 import shutil
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,10 +29,19 @@ import pyarrow.parquet as pq
 from vrepl._core.crc32c import crc32c
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import PayloadError
-from vrepl.vnode.files import ARROW_TYPES, DATA_DIR, fsync_dir
-from vrepl.vnode.rows import (COLUMN_NAME_RE, INT64_MAX, INT64_MIN, PAYLOAD_FORMAT_FILES,
-                              PAYLOAD_MAGIC, RESERVED_COLUMNS, TABLE_NAME_RE, TYPE_NAMES,
-                              type_accepts)
+from vrepl.vnode.files import ARROW_TYPES, DATA_DIR, fsync_all
+from vrepl.vnode.rows import (
+    COLUMN_NAME_RE,
+    INT64_MAX,
+    INT64_MIN,
+    PAYLOAD_FORMAT_FILES,
+    PAYLOAD_MAGIC,
+    RESERVED_COLUMNS,
+    TABLE_NAME_RE,
+    TYPE_NAMES,
+    type_accepts,
+)
+
 PAYLOAD_HEADER_FILES = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_FILES])
 
 INGEST_DIR = "ingest"
@@ -403,25 +412,22 @@ def file_crc_magic(fd: int) -> tuple[int, int]:
     return size, crc or 1
 
 
-def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def stage_file(src: str, path: str, round_id: str, k: int, fsync: bool = True) -> str:
-    """Move a checked file (the producer's, or one fetched into a .part) to its staged name,
-    durably: the file is fsynced, renamed, and its directory fsynced. Returns the name."""
-    dst = abspath(path, staged_name(round_id, k))
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
+def stage_files(path: str, round_id: str, moves: Sequence[tuple[str, int]],
+                fsync: bool = True) -> None:
+    """Move checked files (a producer's, or fetched into a .part) to their staged names,
+    durably: `moves` is (source path, k) pairs. Every file is fsynced first (together), then
+    renamed, then the round's directory fsynced once (and `ingest/staged/`, which names it):
+    a name is durable only once its bytes are."""
+    if not moves:
+        return
+    rdir = staged_round_path(path, round_id)
+    os.makedirs(rdir, exist_ok=True)
     if fsync:
-        fsync_file(src)
-    os.replace(src, dst)
+        fsync_all([src for src, _ in moves])
+    for src, k in moves:
+        os.replace(src, abspath(path, staged_name(round_id, k)))
     if fsync:
-        fsync_dir(os.path.dirname(dst))
-    return dst
+        fsync_all([rdir, os.path.dirname(rdir)])
 
 
 def new_round_id() -> str:
@@ -433,8 +439,7 @@ def new_round_id() -> str:
 def stage_round(path: str, rec: IngestRecord, sources: list[str], fsync: bool = True) -> None:
     """(master) Move a checked round's files from `sources` (in the incoming directory) to
     their staged names, durably, before the record that names them is forwarded."""
-    for k, src in enumerate(sources):
-        stage_file(src, path, rec.round, k, fsync)
+    stage_files(path, rec.round, [(src, k) for k, src in enumerate(sources)], fsync)
 
 
 def clean_staging(path: str, keep_rounds: set[str], clear_incoming: bool = True) -> list[str]:
@@ -491,7 +496,7 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
     try:
         pf = pq.ParquetFile(full, memory_map=True)
         schema = pf.schema_arrow
-        keys = pf.read(columns=["ts", "_version", "_epoch"]) \
+        keys = pf.read(columns=["ts", "_version", "_epoch"], use_threads=False) \
             if all(c in schema.names for c in ("ts", "_version", "_epoch")) else None
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

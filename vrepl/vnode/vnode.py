@@ -7,6 +7,9 @@ write_to_cache, confirm_forward, get_file_info, get_wal_info, get_version, notif
 notify_file_synced, notify_flow_control. Must not: write the WAL (the sync instance owns
 `<data path>/wal`; the vnode only reads it to recover and tells the owner, or a writer it is
 given, which versions are archived), open sockets, or decide roles.
+Three mixins hold parts of Vnode, on the state this module sets up: flush.py (archiving the
+memtable and the rounds of ingested files), query.py (queries, the table list) and
+restoreinfo.py (get_file_info, get_wal_info).
 
 Threads (one lock, `self._lock`, guards all state; every public method takes it):
 * the vgroup's write thread (writes to one vnode are single-threaded, seed 数据转发流程):
@@ -22,87 +25,43 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from vrepl.errors import ConfigError
-from vrepl.killpoints import killpoint, register
 from vrepl.vnode import ingest as I
 from vrepl.vnode import rows as R
 from vrepl.vnode import staging as S
 from vrepl.vnode.config import VnodeConfig, config_invalid
 from vrepl.vnode.errors import ApplyError, ArchiveError, VnodeClosedError, VnodeError
-from vrepl.vnode.files import (MANIFEST_NAME, ArchivedFile, ArchiveStore, Manifest,
-                               arrow_schema, conform, file_magic, name_invalid, newest_per_ts,
-                               rank)
-from vrepl.vnode.memtable import Memtable, TableLog
-from vrepl.wal import WalReader, inspect, list_wal_files  # read only: the WAL is the sync's
+from vrepl.vnode.files import ArchivedFile, ArchiveStore
+from vrepl.vnode.flush import (KP_APPLY_CLEANUP, KP_APPLY_FILES, KP_APPLY_LINK, KP_APPLY_MANIFEST,
+                               PendingIngest, VnodeFlush)
+from vrepl.vnode.memtable import Memtable
+from vrepl.vnode.query import QUERY_RETRIES, VnodeQuery
+from vrepl.vnode.restoreinfo import WAL_DIR, FileInfo, VnodeRestoreInfo, WalInfo
+from vrepl.txn.machine import Outcome
+from vrepl.txn.record import is_txn_payload
+from vrepl.vnode.txnapply import DEFAULT_LABEL_RETENTION_MS, VnodeTxns
+from vrepl.wal import WalReader, inspect  # read only: the WAL is the sync's
 
-WAL_DIR = "wal"
 MSG_TYPE_DATA = 1            # vrepl.wal.MSG_TYPE_DATA: records the vnode decodes
-QUERY_RETRIES = 3            # a query that lost a race with a flush's file swap tries again
 
-# Kill points of applying a round (docs/vnode.md §9.5; vrepl/killpoints.py).
-KP_APPLY_FILES = register("ingest.apply.after_flush_files",
-                          "applying a round: the memtable rows below it are written to new"
-                          " files; the round's files are still only staged, the manifest is"
-                          " the old one")
-KP_APPLY_LINK = register("ingest.apply.after_link",
-                         "applying a round: its files are linked into data/ too; the manifest"
-                         " is still the old one (they are orphans until it changes)")
-KP_APPLY_MANIFEST = register("ingest.apply.after_manifest",
-                             "applying a round: the manifest naming its files is durable; the"
-                             " staged copies are not removed yet")
-KP_APPLY_CLEANUP = register("ingest.apply.after_cleanup",
-                            "applying a round: done, the staged copies are removed")
+# Names other modules import from here (vrepl/vnode/__init__.py, bench/, tests/).
+__all__ = ["KP_APPLY_CLEANUP", "KP_APPLY_FILES", "KP_APPLY_LINK", "KP_APPLY_MANIFEST",
+           "MSG_TYPE_DATA", "QUERY_RETRIES", "WAL_DIR", "FileInfo", "PendingIngest", "Vnode",
+           "WalInfo"]
 
 
-@dataclass
-class PendingIngest:
-    """A format-8 record applied to the vnode (its version taken) whose round is not yet in
-    the archive: it goes in at the first flush whose limit reaches its version, once every
-    file it names is staged (docs/vnode.md §9.3)."""
-
-    version: int
-    epoch: int
-    record: S.IngestRecord
-    staged: bool
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    """getFileInfo's answer (seed 数据恢复流程 rule 4); magic 0 = no such file / no more files."""
-
-    index: int
-    name: str       # relative to the data path; "" when there is no file
-    size: int
-    magic: int
-
-
-@dataclass(frozen=True)
-class WalInfo:
-    """getWalInfo's answer (seed rule 5): more 0 = the last WAL file, 1 = newer ones follow;
-    name "" = no WAL file."""
-
-    more: int
-    index: int
-    name: str       # relative to the data path ("wal/000000000003.wal")
-
-
-class Vnode:
+class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
     """One vnode's storage: `Vnode(path, config)` loads the manifest; `recover()` replays the
     WAL above the archived version. See the module doc for which thread calls what."""
 
     def __init__(self, path: str, config: VnodeConfig | None = None, *,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 txn_label_retention_ms: int = DEFAULT_LABEL_RETENTION_MS):
         self.config = cfg = config or VnodeConfig()
         reason = config_invalid(cfg)
         if reason is not None:
@@ -122,6 +81,8 @@ class Vnode:
         # §retries): a retried request whose id is here is answered, not written again.
         self._rids: OrderedDict[str, int] = OrderedDict()
         self._closed = False
+        # Transactions (docs/transactions.md): their table, rebuilt with the memtable.
+        self.txns = VnodeTxns(self.path, txn_label_retention_ms, cfg.fsync)
         self._load_from_manifest()
         self.role = "unsynced"
         self.flow_control = 0
@@ -136,6 +97,8 @@ class Vnode:
         self.applied_epoch = m.archived_epoch
         # Rounds of files applied above the archive, in version order (docs/vnode.md §9.3).
         self._ingests: OrderedDict[int, PendingIngest] = OrderedDict()
+        # Transactions finished in the archive (the labels file); the WAL replays the rest.
+        self.txns.load(m.archived_version)
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -343,6 +306,9 @@ class Vnode:
             if msg_type == MSG_TYPE_DATA and S.is_ingest_payload(payload):
                 self._note_ingest(version, epoch, payload)
                 return True
+            if msg_type == MSG_TYPE_DATA and is_txn_payload(payload):
+                self._apply_txn(version, epoch, payload)
+                return True
             if msg_type != MSG_TYPE_DATA or R.is_noop(payload):
                 # No rows: only the version advances (a no-op, docs/vnode.md §2).
                 self.applied_version = version
@@ -363,6 +329,27 @@ class Vnode:
                 if rid is not None:
                     self._note_rid(rid, version)
             return True
+
+    def apply_txn(self, version: int, epoch: int, payload: bytes) -> Outcome | None:
+        """write_to_cache for a transaction record (format 9), returning what applying it
+        did (docs/transactions.md §2); None if `version` was already applied."""
+        with self._lock:
+            self._check_open()
+            if version <= self.applied_version:
+                return None
+            return self._apply_txn(version, epoch, payload)
+
+    def _apply_txn(self, version: int, epoch: int, payload: bytes) -> Outcome:
+        """(lock held) A transaction step: staged rows stay out of the memtable; the publish
+        (commit record) appends every staged batch at its version, in this one step."""
+        out, added, rows, nbytes = self.txns.apply(version, payload, self._schemas)
+        if rows:
+            self._apply_locked(version, epoch, rows, added, nbytes)
+        else:
+            self._add_columns(added)
+            self.applied_version = version
+            self.applied_epoch = max(self.applied_epoch, epoch)
+        return out
 
     def _note_ingest(self, version: int, epoch: int, payload: bytes) -> None:
         """(lock held) A round's record: check its columns against the schemas, take its
@@ -484,347 +471,6 @@ class Vnode:
             self._mem.clear()
             self._load_from_manifest()
 
-    # -- restore callbacks ----------------------------------------------------------------
-    def get_file_info(self, index: int, name: str | None = None) -> FileInfo:
-        """getFileInfo (seed 数据恢复流程 rule 4).
-
-        Without a name (the master's call): the file at `index` (0 = oldest); index n, just
-        after the n data files, is the manifest; beyond it magic 0 (no more files). With a
-        name (the slave's call): this node's file of that name, size and magic computed from
-        its bytes, magic 0 if it has none. An unusable name or an I/O error raises
-        ArchiveError (the sync layer answers -1 and stops the restore, rule 6).
-        """
-        with self._lock:
-            files = self._store.manifest.files
-            n = len(files)
-            if not name:
-                if 0 <= index < n:
-                    f = files[index]
-                    return FileInfo(index, f.name, f.size, f.magic)
-                mb = self._store.manifest_bytes
-                if index == n and mb:
-                    return FileInfo(n, MANIFEST_NAME, len(mb), file_magic(mb))
-                return FileInfo(index, "", 0, 0)
-            reason = name_invalid(name)
-            if reason is not None:
-                raise ArchiveError(name, reason)
-            if name == MANIFEST_NAME:
-                index = n
-            else:
-                index = next((i for i, f in enumerate(files) if f.name == name), index)
-        try:
-            with open(self._store.abspath(name), "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            return FileInfo(index, name, 0, 0)
-        except OSError as exc:
-            raise ArchiveError(name, f"cannot read: {exc.strerror}") from exc
-        return FileInfo(index, name, len(data), file_magic(data))
-
-    def get_wal_info(self, index: int = 0) -> WalInfo:
-        """getWalInfo (seed rule 5) over `<data path>/wal`: index 0 = the oldest file."""
-        if not os.path.isdir(self.wal_dir):
-            return WalInfo(0, index, "")
-        files = list_wal_files(self.wal_dir)
-        if not files:
-            return WalInfo(0, index, "")
-        wf = files[0] if index == 0 else next((f for f in files if f.index == index), None)
-        if wf is None:
-            return WalInfo(0, index, "")
-        more = 0 if wf is files[-1] else 1
-        return WalInfo(more, wf.index, f"{WAL_DIR}/{os.path.basename(wf.path)}")
-
-    # -- flush ----------------------------------------------------------------------------
-    def flush_due(self, now: float | None = None, up_to_version: int | None = None
-                  ) -> str | None:
-        """Why the memtable should be flushed now, or None.
-
-        `up_to_version` is the limit a flush would archive up to (docs/vnode.md §5: the
-        group's commit index; None = everything applied): a memtable with no row at or
-        below it has nothing to archive, so no flush is due, whatever its size or age.
-        A round of ingested files (§9) at or below the limit whose files are all staged is
-        due at once; one whose files are not all staged yet stops the limit below it.
-        """
-        cfg = self.config
-        with self._lock:
-            limit = self._next_cut(self._limit(up_to_version), up_to_version is None)[0]
-            p = next(iter(self._ingests.values()), None)
-            if p is not None and p.staged and p.version <= limit:
-                return f"round {p.record.round} of ingested files at v{p.version} is committed"
-            mem = self._mem
-            if not mem.rows or mem.min_version > limit:
-                return None
-            if mem.bytes >= cfg.max_memtable_bytes:
-                return f"memtable holds {mem.bytes} bytes >= max_memtable_bytes"
-            if mem.rows >= cfg.max_memtable_rows:
-                return f"memtable holds {mem.rows} rows >= max_memtable_rows"
-            age_ms = ((self._clock() if now is None else now) - mem.first_write_at) * 1000
-            if age_ms >= cfg.max_memtable_age_ms:
-                return f"oldest unflushed row is {age_ms:.0f} ms old >= max_memtable_age_ms"
-            return None
-
-    def maybe_flush(self, wal: Any = None, up_to_version: int | None = None
-                    ) -> list[ArchivedFile]:
-        """flush(wal, up_to_version) if flush_due(); the files written (none if not due)."""
-        with self._lock:
-            if self.flush_due(up_to_version=up_to_version) is None:
-                return []
-            return self.flush(wal, up_to_version)
-
-    def _limit(self, up_to_version: int | None) -> int:
-        return self.applied_version if up_to_version is None \
-            else min(up_to_version, self.applied_version)
-
-    def _next_cut(self, limit: int, strict: bool) -> tuple[int, PendingIngest | None]:
-        """(lock held) Where the next flush step cuts, and the round it applies if any: the
-        limit, or the version of the first pending round at or below it (applied with the
-        rows below it when its files are staged; otherwise the cut stops just below it:
-        nothing above an unapplied round is archived; `strict` refuses that instead)."""
-        p = next(iter(self._ingests.values()), None)
-        if p is None or p.version > limit:
-            return limit, None
-        if p.staged:
-            return p.version, p
-        if strict:
-            # A tool that owns the whole log (vrepl replay) must archive everything applied.
-            raise VnodeError(f"v{p.version}: the round {p.record.round} of ingested files is"
-                             f" not staged in {S.staged_round_path(self.path, p.record.round)}"
-                             f" (missing files {S.missing_staged(self.path, p.record)}): copy"
-                             f" the vgroup's ingest/ directory along with its WAL")
-        return p.version - 1, None
-
-    def flush(self, wal: Any = None, up_to_version: int | None = None) -> list[ArchivedFile]:
-        """Archive the memtable's rows written by versions <= up_to_version, and every
-        round of ingested files up to it; returns the files written by flushing rows.
-
-        `up_to_version` is the highest version the group has committed (docs/vnode.md §5):
-        a version above it may still be cut from the log (a deposed master's suffix), and
-        archived files cannot be cut. None archives everything applied, for a tool that
-        owns the whole log (`vrepl replay`). Rows above the limit stay in the memtable (and
-        the WAL); the manifest's archived_version is the limit actually archived.
-
-        Under the lock, the memtable's rows up to the cut become the immutable `imem`
-        (still queried) and a new memtable takes the rest and the writes; the files are
-        written outside the lock, so writes and queries go on meanwhile. For every (table,
-        bucket) imem touches: merge the current flushed file (if any) with imem's rows,
-        newest version per ts winning, and write a new file; then, under the lock again,
-        commit a manifest naming the new files with archived_version = the cut, delete the
-        replaced files and drop imem. Only then may the WAL below archived_version + 1 go:
-        `wal.recycle(archived_version + 1)` if a WalWriter is given, else the owner reads
-        `archived_version`.
-
-        A pending round (§9) is a flush point: the cut stops at its version, and the same
-        manifest commit adds its files (linked in from the staging area) with
-        archived_version = its version; the next step goes on above it. A round whose
-        files are not all staged stops the flush just below it.
-        """
-        written: list[ArchivedFile] = []
-        archived = 0
-        with self._flush_lock:
-            with self._lock:
-                limit = self._limit(up_to_version)     # fixed: later writes wait
-            while True:
-                with self._lock:
-                    self._check_open()
-                    cut, ingest = self._next_cut(limit, up_to_version is None)
-                    mem: Memtable | None = self._mem
-                    if not mem.rows or mem.min_version > cut:
-                        mem = None
-                    if mem is None and ingest is None:
-                        break
-                    if mem is not None:
-                        self._mem = mem.split_above(cut, self._clock())
-                        mem.seal()    # read outside the lock from here on: nothing to pad
-                        self._imem = mem
-                    old = self._store.manifest
-                    epoch = max(old.archived_epoch, mem.max_epoch if mem is not None else 0,
-                                ingest.epoch if ingest is not None else 0)
-                    schemas = copy.deepcopy(self._schemas)
-                try:
-                    if mem is not None:
-                        step, superseded, files = self._write_files(mem, old, cut, schemas)
-                    else:
-                        step, superseded, files = [], [], list(old.files)
-                    if ingest is not None:
-                        killpoint(KP_APPLY_FILES)
-                        # Record version 2: the files it removes leave this manifest and
-                        # are deleted once it is durable (as superseded files are).
-                        files, removed = S.apply_removes(files, ingest.record.removes)
-                        superseded = superseded + removed
-                        files += self._link_round(ingest)
-                        killpoint(KP_APPLY_LINK)
-                except BaseException:
-                    if mem is not None:
-                        with self._lock:   # keep the rows: put imem back under newer writes
-                            self._mem = self._merge_back(mem, self._mem, self._schemas)
-                            self._imem = None
-                    raise
-                with self._lock:
-                    manifest = Manifest(old.precision, old.file_span_ms, cut, epoch, schemas,
-                                        files)
-                    self._store.commit(manifest, superseded)
-                    self._imem = None
-                    if ingest is not None:
-                        del self._ingests[ingest.version]
-                written += step
-                archived = cut
-                if ingest is not None:
-                    killpoint(KP_APPLY_MANIFEST)
-                    # Durable in the manifest: the staged copies may go (a crash before this
-                    # leaves them to clean_staging at the next open).
-                    shutil.rmtree(S.staged_round_path(self.path, ingest.record.round),
-                                  ignore_errors=True)
-                    killpoint(KP_APPLY_CLEANUP)
-        if wal is not None and archived:
-            wal.recycle(archived + 1)
-        return written
-
-    def _link_round(self, p: PendingIngest) -> list[ArchivedFile]:
-        """Link the staged files of round `p` into the archive; their manifest entries."""
-        rec = p.record
-        missing = S.missing_staged(self.path, rec)
-        if missing:     # removed or damaged since it was found staged
-            raise VnodeError(f"v{p.version}: files {missing} of round {rec.round} are no"
-                             f" longer staged")
-        out = []
-        for k, f in enumerate(rec.files):
-            name = rec.archive_name(p.version, k)
-            self._store.link_in(S.abspath(self.path, rec.staged_name(k)), name)
-            out.append(ArchivedFile(name, f.size, f.crc32c, f.table, f.bucket, f.ts_min,
-                                    f.ts_max, f.min_version, f.max_version, f.rows,
-                                    p.version, p.epoch, f.origin))
-        return out
-
-    def _write_files(self, mem: Memtable, old: Manifest, version: int,
-                     schemas: dict[str, dict[str, str]]):
-        store = self._store
-        span = self.config.file_span
-        # Ingested files (§9) stay as they are: a flush merges only with its own files.
-        current = {(f.table, f.bucket): f for f in old.files if not f.ingest_version}
-        files = dict(current)
-        written, superseded = [], []
-        for table in mem.tables:
-            schema = arrow_schema(self.config.precision, schemas.get(table, {}))
-            tbl = mem.to_arrow(table, schema)      # newest row per ts, sorted by ts
-            ts = tbl.column("ts").to_numpy().astype(np.int64)
-            buckets = ts // span
-            cuts = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
-            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(ts)]):
-                bucket = int(buckets[lo])
-                new = tbl.slice(lo, hi - lo)
-                prev = current.get((table, bucket))
-                if prev is not None:
-                    new = newest_per_ts(pa.concat_tables(
-                        [conform(store.read(prev), schema), new]))
-                    superseded.append(prev)
-                af = store.write(table, bucket, version, new)
-                files[(table, bucket)] = af
-                written.append(af)
-        return written, superseded, [f for f in old.files if f.ingest_version] + list(files.values())
-
-    @staticmethod
-    def _merge_back(older: Memtable, newer: Memtable,
-                    schemas: dict[str, dict[str, str]]) -> Memtable:
-        """A failed flush: one memtable holding older's rows overwritten by newer's."""
-        merged = Memtable()
-        for m in (older, newer):
-            for table, ts, version, epoch, values in m.rows_in_order():
-                log = merged.tables.get(table)
-                if log is None:
-                    log = merged.tables[table] = TableLog()
-                log.append_row(ts, version, epoch, values, schemas.get(table))
-            merged.rows += m.rows
-            merged.min_version = merged.min_version or m.min_version
-            merged.max_version = max(merged.max_version, m.max_version)
-            merged.max_epoch = max(merged.max_epoch, m.max_epoch)
-            if merged.first_write_at is None:
-                merged.first_write_at = m.first_write_at
-        merged.bytes = older.bytes + newer.bytes
-        return merged
-
-    # -- query ----------------------------------------------------------------------------
-    def has_table(self, table: str) -> bool:
-        """Whether this vnode holds at least one row of `table` (archived or in memory)."""
-        with self._lock:
-            return (table in self._mem.tables
-                    or (self._imem is not None and table in self._imem.tables)
-                    or any(f.table == table for f in self._store.manifest.files))
-
-    def tables(self) -> list[dict[str, Any]]:
-        """The tables this vnode holds rows of, by name: {"name", "columns" ({column:
-        type}, the columns with a type, in the order first seen), "archived_rows" (rows in
-        archived files: exact), "memtable_rows" (rows applied since the last flush: an
-        overwrite of a ts counts again)}. From the manifest and the memtable: no file is
-        read."""
-        with self._lock:
-            archived: dict[str, int] = {}
-            for f in self._store.manifest.files:
-                archived[f.table] = archived.get(f.table, 0) + f.rows
-            mem: dict[str, int] = {}
-            for m in (self._mem, self._imem):
-                if m is not None:
-                    for table, tlog in m.tables.items():
-                        mem[table] = mem.get(table, 0) + tlog.n
-            return [{"name": t, "columns": dict(self._schemas.get(t, {})),
-                     "archived_rows": archived.get(t, 0), "memtable_rows": mem.get(t, 0)}
-                    for t in sorted(archived.keys() | mem.keys())]
-
-    def query(self, table: str, start: int, end: int) -> list[dict[str, Any]]:
-        """Rows of `table` with start <= ts < end, in ts order, newest version per ts.
-
-        Each row is {"ts", "_version", "_epoch", <every column of the table's schema>}
-        (None where a row has no value). Archived files are verified (size, magic) as read.
-        """
-        if type(table) is not str or R.TABLE_NAME_RE.fullmatch(table) is None:
-            raise VnodeError(f"table name {table!r} does not match {R.TABLE_NAME_RULE}")
-        if end <= start:
-            return []
-        span = self.config.file_span
-        for attempt in range(QUERY_RETRIES):
-            with self._lock:
-                self._check_open()
-                mem_rows = self._mem.range(table, start, end)
-                imem_rows = self._imem.range(table, start, end) if self._imem else []
-                files = self._store.files_of(table, start // span, (end - 1) // span)
-                columns = dict(self._schemas.get(table, {}))
-            try:
-                archived = [self._store.read(f) for f in files]
-                break
-            except FileNotFoundError:
-                # A flush replaced a file between our snapshot and the read: snapshot again.
-                if attempt == QUERY_RETRIES - 1:
-                    raise
-        # Later version wins, by rank (docs/vnode.md §9.4): a row's own _version, or for the
-        # rows of an ingested file the version of the record that ingested it.
-        out: dict[int, dict[str, Any]] = {}
-        ranks: dict[int, int] = {}
-        if archived:
-            qschema = arrow_schema(self.config.precision, columns)
-            qschema = qschema.set(0, pa.field("ts", pa.int64()))
-            for f, tbl in zip(files, archived):
-                tbl = conform(tbl, qschema)
-                ts = tbl.column("ts")
-                tbl = tbl.filter(pc.and_(pc.greater_equal(ts, start), pc.less(ts, end)))
-                for row in tbl.to_pylist():
-                    r = rank(f, row["_version"])
-                    prev = ranks.get(row["ts"])
-                    if prev is None or r >= prev:
-                        out[row["ts"]] = row
-                        ranks[row["ts"]] = r
-        floats = [c for c, t in columns.items() if t == R.TYPE_FLOAT]
-        for ts, (version, epoch, values) in (*imem_rows, *mem_rows):
-            prev = ranks.get(ts)
-            if prev is not None and prev > version:
-                continue
-            row = {"ts": ts, "_version": version, "_epoch": epoch}
-            for c in columns:
-                row[c] = values.get(c)
-            for c in floats:
-                if type(row[c]) is int:
-                    row[c] = float(row[c])
-            out[ts] = row
-        return [out[ts] for ts in sorted(out)]
-
     # -- recovery, verification, status, close ----------------------------------------------
     def recover(self, wal_dir: str | None = None, clean_staging: bool = True) -> int:
         """Crash recovery: replay WAL records above the applied version; returns how many.
@@ -903,7 +549,7 @@ class Vnode:
                     "memtable_rows": self._mem.rows, "memtable_bytes": self._mem.bytes,
                     "flushing": self._imem is not None,
                     "files": len(m.files), "tables": len(self._schemas),
-                    "flow_control": self.flow_control}
+                    "flow_control": self.flow_control, "txn": self.txns.status()}
 
     def close(self, wal: Any = None, up_to_version: int | None = None) -> None:
         """Flush (durably) the rows up to `up_to_version` (None: all; see flush) and refuse

@@ -6,7 +6,9 @@ client API, and with every replica's WAL.
 
 Modules: netns (topology, nftables, cleanup registry), workload (the client process: the
 writers, and the harness's status, write and read requests), check (history + rows + WALs
--> verdict, pure), harness (ChaosCluster: processes and faults), schedules (the named fault
-schedules), __main__ (run schedules, print figures).
+-> verdict, pure), harness (ChaosCluster: set-up, processes and faults), procs (one process
+of the run, a node's role lines), diskfaults (disk-full and WAL damage), healcheck (heal,
+converge, read back, the Result), schedules (the named fault schedules), __main__ (run
+schedules, print figures).
 Must not: touch any network outside the namespaces it created or 127.0.0.1.
 """

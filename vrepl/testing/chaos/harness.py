@@ -14,27 +14,31 @@ NemesisUnsupported (tests skip them, naming the fault).
 whatever state the test is in; so do the atexit hook (netns._close_all) and
 tools/chaos_cleanup.py for runs whose owner died. Every process also dies with the harness
 (PR_SET_PDEATHSIG).
+
+This module owns the cluster's set-up, its processes and asking the nodes; the processes
+themselves are procs.py's (Proc, NodeProc), the disk and WAL nemesis diskfaults.py's and the
+final heal-and-check healcheck.py's (mixins of ChaosCluster, on the state set up here).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vrepl import wal
-from vrepl.child import free_ports, node_argv, python_argv, start_child, wait_for
+from vrepl.child import free_ports, node_argv, python_argv, wait_for
 from vrepl.node.local import render_toml
-from vrepl.testing.chaos import check as _check
-from vrepl.testing.chaos.netns import NemesisUnsupported, Topology, namespaces_available
+from vrepl.testing.chaos.diskfaults import DiskFaults
+from vrepl.testing.chaos.healcheck import HealAndCheck, Result
+from vrepl.testing.chaos.netns import Topology, namespaces_available
+from vrepl.testing.chaos.procs import ROLE_LINE, NodeProc, Proc, _command, _read
+
+# Names other modules import from here (schedules.py, tests/chaos/).
+__all__ = ["ARB_LEASE_MS", "CHAOS_NODE", "CHAOS_VNODE", "ROLE_LINE", "VGROUP", "ChaosCluster",
+           "NodeProc", "Proc", "Result", "want_namespaces"]
 
 VGROUP = 7
 PEER_PORT = 6100
@@ -47,11 +51,6 @@ ARB_LEASE_MS = 2500  # >= the replicas' arbitrator_lease_ticks x tick_ms (2000) 
 # one archived file per minute of a table's ts (600 writes).
 CHAOS_VNODE = {"max_memtable_rows": 200, "max_memtable_age_ms": 1000, "file_span_ms": 60_000}
 CHAOS_NODE = {"flush_check_ms": 200}
-# The log line of every role change, in the node's text log format: the node's own
-# (`vg7 n2: role master, epoch 3, master 2`) or the sync layer's
-# (`vg7 n2 e3: role unsynced -> master, epoch 3, master n2 (...)`).
-ROLE_LINE = re.compile(r"vg\d+ n\d+(?: e\S+)?: role (?:\w+ -> )?(?P<role>\w+), epoch (?P<epoch>\d+),"
-                       r" master (?P<master>n?\d+|none|None)")
 
 
 def want_namespaces(namespaced: bool | None) -> bool:
@@ -67,141 +66,7 @@ def want_namespaces(namespaced: bool | None) -> bool:
     return why is None
 
 
-def _command(script: str, module: str) -> list[str]:
-    """The installed console script (what an operator runs), else `python -P -m module`."""
-    path = os.path.join(os.path.dirname(sys.executable), script)
-    return [path] if os.access(path, os.X_OK) else python_argv("-m", module)
-
-
-@dataclass
-class Proc:
-    """One process of the run: stdout parsed as JSON event lines, stderr to a file."""
-
-    name: str
-    argv: list[str]
-    stderr_path: str
-    stdin: bool = True               # a command pipe (the workload); nodes get /dev/null
-    proc: subprocess.Popen | None = None
-    events: list[dict] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    paused: bool = False
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self) -> None:
-        self.events = []
-        self.paused = False
-        self.proc = start_child(self.argv, stderr_path=self.stderr_path, text=True, new_session=False,
-                                stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE)
-        threading.Thread(target=self._reader, args=(self.proc,), daemon=True).start()
-
-    def _reader(self, proc: subprocess.Popen) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(ev, dict):
-                continue
-            with self.lock:
-                if self.proc is proc:
-                    self.events.append(ev)
-
-    def send(self, line: str) -> bool:
-        if not self.alive() or not self.stdin:
-            return False
-        try:
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-            return True
-        except (OSError, ValueError):
-            return False
-
-    def snapshot(self) -> list[dict]:
-        with self.lock:
-            return list(self.events)
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            self.proc.send_signal(sig)  # type: ignore[union-attr]
-
-    def kill(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
-        self.paused = False
-
-    def stop(self, timeout_s: float = 15.0) -> int | None:
-        """SIGTERM (a node's graceful stop; the workload's stdin closes too), wait, else
-        SIGKILL. The exit code."""
-        if not self.alive():
-            return self.proc.returncode if self.proc is not None else None
-        assert self.proc is not None
-        if self.paused:
-            self.proc.send_signal(signal.SIGCONT)
-            self.paused = False
-        if self.stdin:
-            self.send("quit")
-            try:
-                self.proc.stdin.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-        else:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.proc.returncode
-
-    def stderr_tail(self, lines: int = 3) -> str:
-        return " | ".join(_read(self.stderr_path).strip().splitlines()[-lines:])
-
-
-@dataclass
-class NodeProc(Proc):
-    """A `vrepl node` process and the role lines of its log file (across restarts)."""
-
-    log_path: str = ""
-    role_events: list[dict] = field(default_factory=list)
-    started_at_event: int = 0        # role_events index where the running process began
-    _log_offset: int = 0
-
-    def start(self) -> None:
-        self.poll_log()
-        self.started_at_event = len(self.role_events)
-        super().start()
-
-    def poll_log(self) -> None:
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1     # whole lines only
-        self._log_offset += end
-        for line in data[:end].decode(errors="replace").splitlines():
-            m = ROLE_LINE.search(line)
-            if m:
-                master = m["master"].lstrip("n")
-                self.role_events.append({"role": m["role"], "epoch": int(m["epoch"]),
-                                         "master": int(master) if master.isdigit() else None})
-
-    def role(self) -> str | None:
-        """The latest role the running process logged (None before its first)."""
-        self.poll_log()
-        current = self.role_events[self.started_at_event:]
-        return current[-1]["role"] if current else None
-
-
-class ChaosCluster:
+class ChaosCluster(DiskFaults, HealAndCheck):
     """`n` nodes of vgroup 7 (node ids 1..n), the workload, optionally an arbitrator.
     `vnode`, `sync` and `node` are node.toml's [vnode], [sync] and top-level settings
     (docs/operations.md); vnode and node default to CHAOS_VNODE and CHAOS_NODE."""
@@ -455,33 +320,7 @@ class ChaosCluster:
     def mark(self, what: str) -> None:
         self.marks.append((time.monotonic(), what))
 
-    # -- nemesis: disk and WAL -----------------------------------------------------------------
-
-    def fill_disk(self, i: int) -> None:
-        if not self.disk_kib:
-            raise NemesisUnsupported("no tmpfs: create the cluster with disk_kib")
-        self.mark(f"disk full n{i}")
-        path = os.path.join(self.data[i], "filler")
-        try:
-            with open(path, "wb") as fh:
-                while True:
-                    fh.write(b"\0" * 65536)
-        except OSError:
-            pass
-        try:
-            with open(path, "ab") as fh:
-                while True:
-                    fh.write(b"\0" * 512)
-                    fh.flush()
-        except OSError:
-            pass
-
-    def free_disk(self, i: int) -> None:
-        self.mark(f"disk freed n{i}")
-        try:
-            os.unlink(os.path.join(self.data[i], "filler"))
-        except FileNotFoundError:
-            pass
+    # -- paths (the disk and WAL nemesis: diskfaults.py) -------------------------------------
 
     def vgroup_dir(self, i: int) -> str:
         return os.path.join(self.data[i], f"vg{VGROUP}")
@@ -489,178 +328,8 @@ class ChaosCluster:
     def wal_dir(self, i: int) -> str:
         return os.path.join(self.vgroup_dir(i), "wal")
 
-    def damage_wal(self, i: int, how: str, nbytes: int = 100) -> str:
-        """truncate: cut nbytes off the last WAL file; corrupt: flip a bit nbytes before its
-        end (tools/walfault.py). The node must be dead."""
-        assert not self.nodes[i].alive(), "damage a WAL only between a kill and a restart"
-        files = wal.list_wal_files(self.wal_dir(i))
-        last = files[-1].path
-        size = os.path.getsize(last)
-        tool = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "walfault.py")
-        if how == "truncate":
-            argv = ["truncate", self.wal_dir(i), str(min(nbytes, size))]
-        else:
-            argv = ["flip", self.wal_dir(i), os.path.basename(last), str(max(0, size - nbytes))]
-        if os.path.exists(tool):
-            out = subprocess.run(python_argv(tool, *argv), capture_output=True, text=True, timeout=30)
-            text = (out.stdout + out.stderr).strip()
-        else:  # installed without the tools/ directory: same operation inline
-            if how == "truncate":
-                os.truncate(last, size - min(nbytes, size))
-            else:
-                with open(last, "r+b") as fh:
-                    fh.seek(max(0, size - nbytes))
-                    b = fh.read(1)
-                    fh.seek(max(0, size - nbytes))
-                    fh.write(bytes([b[0] ^ 1]))
-            text = f"{last}: {how} {nbytes}"
-        self.mark(f"wal {how} n{i}")
-        return text
-
     def node_log(self, i: int) -> str:
         return _read(self.nodes[i].log_path)
-
-    def wipe_wal(self, i: int) -> None:
-        """The operator's answer to a corrupt WAL: remove it (the promise file and the
-        archived files stay, so the node still refuses epochs older than it promised) and let
-        the master stream the log back."""
-        assert not self.nodes[i].alive()
-        shutil.rmtree(self.wal_dir(i))
-        self.mark(f"wal wiped n{i}")
-
-    # -- heal and check ------------------------------------------------------------------------
-
-    def heal(self) -> None:
-        if self.namespaced:
-            self.topo.heal()
-        for i, p in self.nodes.items():
-            if p.paused:
-                self.resume(i)
-        self.mark("heal")
-
-    def all_follow(self, among: list[int] | None = None) -> int | None:
-        """The master, if among (default all) the nodes are one master and its slaves, by
-        their /v1/status."""
-        sts = {i: self.status(i) for i in among or self.nodes}
-        if any(s is None for s in sts.values()):
-            return None
-        masters = [i for i, s in sts.items() if s["role"] == "master"]  # type: ignore[index]
-        if len(masters) != 1:
-            return None
-        m = masters[0]
-        if all(s["role"] == "slave" and s["master"] == m for i, s in sts.items() if i != m):  # type: ignore[index]
-            return m
-        return None
-
-    def same_end(self, among: list[int] | None = None) -> bool:
-        """Every node (among) at the same epoch, WAL end and applied version."""
-        sts = [self.status(i) for i in among or self.nodes]
-        if any(s is None for s in sts):
-            return False
-        return len({(s["epoch"], s["wal_last_version"], s["version"]) for s in sts}) == 1  # type: ignore[index]
-
-    def settle(self, among: list[int] | None = None, timeout_s: float = 30.0) -> int:
-        """One master with every other node (among) its slave, a barrier write confirmed
-        through it, every log at the same end; returns the master."""
-        who = among or list(self.nodes)
-        m = self.wait_for(f"one master, every other of {who} its slave", lambda: self.all_follow(among),
-                          timeout_s, 0.1)
-        for attempt in range(3):
-            self._barriers += 1
-            barrier = self.write(m, f"{self.tag}-barrier-{self._barriers}")
-            if barrier["status"] == "ok":  # type: ignore[index]
-                break
-            m = self.wait_for("a master after the barrier failed", lambda: self.all_follow(among), timeout_s, 0.1)
-        self.wait_for(f"every log of {who} ends at the master's", lambda: self.same_end(among), timeout_s, 0.1)
-        return m
-
-    def converge(self, timeout_s: float = 30.0) -> dict:
-        """Every fault healed (dead nodes and arbitrator restarted), one master with every
-        other node its slave, the workload stopped, a barrier confirmed and every log ending
-        at the same place."""
-        t_heal = time.monotonic()
-        self.heal()
-        if self.arb is not None and not self.arb.alive():
-            self.start_arbitrator()
-        for i, p in self.nodes.items():
-            if not p.alive():
-                self.start_node(i)
-        self.wait_for("one master, every other node its slave", self.all_follow, timeout_s, 0.1)
-        t_roles = time.monotonic()
-        counts = self.stop_workload()
-        m = self.settle(timeout_s=timeout_s)
-        t_conv = time.monotonic()
-        return {"master": m, "roles_s": t_roles - t_heal, "converged_s": t_conv - t_heal, "workload": counts}
-
-    def history(self) -> list[dict]:
-        try:
-            with open(self.history_path) as fh:
-                return [json.loads(line) for line in fh if line.strip()]
-        except FileNotFoundError:
-            return []
-
-    def read_rows(self, among: list[int] | None = None, timeout_s: float = 60.0) -> dict[int, dict]:
-        """Every table the workload wrote, from every node (among), through the client API:
-        {node: {table: rows}} or {node: {"error": reason}}."""
-        self._reads += 1
-        path = os.path.join(self.dir, f"rows-{self._reads}.json")
-        ev = self.ask("read", path, timeout_s=timeout_s)
-        if ev is None:
-            raise TimeoutError(f"the workload did not read the replicas within {timeout_s} s")
-        with open(path) as fh:
-            got = {int(k): v for k, v in json.load(fh).items()}
-        return {i: got[i] for i in among or self.nodes}
-
-    def logs(self) -> dict[int, list[tuple[int, int, bytes]]]:
-        return {i: [(r.epoch, r.version, r.payload) for r in wal.read_records(self.wal_dir(i))] for i in self.nodes}
-
-    def masters_per_epoch(self) -> dict[int, set[int]]:
-        out: dict[int, set[int]] = {}
-        for i, p in self.nodes.items():
-            p.poll_log()
-            for e in p.role_events:
-                if e["role"] == "master":
-                    out.setdefault(e["epoch"], set()).add(i)
-        return out
-
-    def check(self, rows: dict[int, dict], logs: dict | None = None, allow_loss: bool = False) -> _check.Verdict:
-        return _check.check(self.history(), rows, logs, allow_loss=allow_loss)
-
-    def finish(self, allow_loss: bool = False, timeout_s: float = 30.0) -> "Result":
-        """Heal, converge, read every table from every replica, stop every node cleanly, and
-        check the history against the rows and every WAL."""
-        conv = self.converge(timeout_s)
-        self.mark("converged")
-        rows = self.read_rows()
-        self.stop_nodes()
-        verdict = self.check(rows, self.logs(), allow_loss)
-        hist = self.history()
-        two = {e: sorted(ns) for e, ns in self.masters_per_epoch().items() if len(ns) > 1}
-        heal_t = next(t for t, what in self.marks if what == "heal")
-        fault_t = next((t for t, what in self.marks if what not in ("workload", "heal")), heal_t)
-        oks = sorted(op["t1"] for op in hist if op["status"] == "ok" and op["client"] >= 0)
-        after_fault = [t for t in oks if t >= fault_t]
-        after_heal = [t for t in oks if t >= heal_t]
-        gaps = [b - a for a, b in zip(oks, oks[1:])]
-        return Result(
-            namespaced=self.namespaced, verdict=verdict, masters_in_one_epoch=two, converge=conv,
-            first_ok_after_fault_s=(after_fault[0] - fault_t) if after_fault else None,
-            first_ok_after_heal_s=(after_heal[0] - heal_t) if after_heal else None,
-            longest_gap_s=max(gaps, default=0.0), dir=self.dir,
-            marks=[(round(t - self.marks[0][0], 3), what) for t, what in self.marks])
-
-    def stop_nodes(self) -> None:
-        """SIGTERM every node, the master last: while the master runs, the others never lose
-        it and never elect a new one (whose first record, a no-op, would make the WALs end
-        apart)."""
-        order = sorted(self.nodes, key=lambda i: (self.role(i) == "master", i))
-        for i in order:
-            p = self.nodes[i]
-            code = p.stop(20)
-            if code not in (0, None):
-                self.mark(f"n{i} stopped with exit code {code}")
-        if self.arb is not None:
-            self.arb.kill()
 
     # -- teardown ------------------------------------------------------------------------------
 
@@ -678,36 +347,3 @@ class ChaosCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass
-class Result:
-    namespaced: bool
-    verdict: _check.Verdict
-    masters_in_one_epoch: dict[int, list[int]]
-    converge: dict
-    first_ok_after_fault_s: float | None
-    first_ok_after_heal_s: float | None
-    longest_gap_s: float
-    dir: str
-    marks: list[tuple[float, str]]
-
-    @property
-    def safe(self) -> bool:
-        return self.verdict.safe and not self.masters_in_one_epoch
-
-    def summary(self) -> dict:
-        r3 = lambda x: None if x is None else round(x, 3)  # noqa: E731
-        return {**self.verdict.summary(), "namespaced": self.namespaced,
-                "masters_in_one_epoch": {str(k): v for k, v in self.masters_in_one_epoch.items()},
-                "converged_s": r3(self.converge["converged_s"]), "roles_s": r3(self.converge["roles_s"]),
-                "first_ok_after_fault_s": r3(self.first_ok_after_fault_s),
-                "first_ok_after_heal_s": r3(self.first_ok_after_heal_s), "longest_gap_s": r3(self.longest_gap_s)}
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return ""
