@@ -16,8 +16,11 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import Counter
 
 from vrepl._core import crc32c as _crc
 from vrepl.errors import InvariantViolation
@@ -86,9 +89,28 @@ from vrepl.vnode.rows import COLUMN_NAME_RE, TABLE_NAME_RE, TYPE_NAMES, type_acc
 from vrepl.vnode.staging import MAX_ROUND_FILES
 
 if TYPE_CHECKING:
-    from vrepl.node.shipreceiver import ShipService
+    from vrepl.node.vgroup import VgroupHost
 
 log = logging.getLogger("vrepl.ship")
+
+
+class SessionHost(Protocol):
+    """What a Session needs of its ShipService (vrepl/node/shipreceiver.py, which creates
+    the sessions: not imported here, so the two modules do not import each other)."""
+
+    vgroups: "dict[int, VgroupHost]"
+    fsync: bool
+    status_of: dict[str, SenderStatus]
+    _lock: threading.Lock
+    _active: dict[str, Any]  # uuid -> its running Session
+    m_rounds: Counter
+    m_bytes: Counter
+    m_files: Counter
+    m_retries: Counter
+    m_refusals: Counter
+
+    def claim(self, vg: "VgroupHost", uuid: str, tables: list[str]) -> str | None: ...
+
 
 KP_RECEIVED = register(
     "ship.receiver.after_receive",
@@ -106,7 +128,7 @@ KP_SYNC_END = register(
 class Session:
     """One sender's connection (a thread): the receiver's half of docs/ship.md §3."""
 
-    def __init__(self, svc: "ShipService", stream: ShipStream, hello: codec.Hello) -> None:
+    def __init__(self, svc: SessionHost, stream: ShipStream, hello: codec.Hello) -> None:
         self.svc = svc
         self.stream = stream
         self.hello = hello
