@@ -32,10 +32,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from vrepl._core import crc32c as _crc  # noqa: E402
+from vrepl.child import free_port, free_ports  # noqa: E402
 from vrepl.config import ReplicaAddress, SyncConfig  # noqa: E402
 from vrepl.restore.config import RestoreConfig  # noqa: E402
 from vrepl.sync import SyncCallbacks, SyncInstance  # noqa: E402
-from vrepl.child import free_port, free_ports  # noqa: E402
 
 SECRET = b"bench-secret"
 MiB = 1024 * 1024
