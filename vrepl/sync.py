@@ -31,6 +31,7 @@ from vrepl.config import SyncConfig, sync_config_invalid
 from vrepl.driver import Driver, DriverOptions, batch_bounds
 from vrepl.errors import ConfigError, FlowControlError, InvariantViolation, NotRunningError, ReconfigError
 from vrepl.instance.app import CallbackApp, SyncCallbacks, SyncObservers
+from vrepl.instance.corelog import core_event, log_line
 from vrepl.instance.intake import AppIntake
 from vrepl.replica import NO_NODE, AckStatus, AppRecover, ConfirmStatus, Replica, Role
 from vrepl.restore.config import RestoreConfig, restore_config_invalid
@@ -43,25 +44,9 @@ from vrepl.transport.peers import PeerLinks
 from vrepl.transport.storage import DiskState, LoopStorage
 
 log = logging.getLogger("vrepl.sync")
-core_log = logging.getLogger("vrepl.replica")
 
 ForwardStatus = ConfirmStatus  # ok / failed / timed_out / not_master, as confirm_forward reports
 _monotonic = time.monotonic
-# Replica log lines (Log actions) that carry an event name in JSON logs (vrepl/logsetup.py):
-# the first words of the text after the "vgX nY eZ: " prefix.
-_CORE_EVENTS = (
-    ("election ", "election"),
-    ("became master", "election_won"),
-    ("master steps down", "step_down"),
-    ("unsynced", "unsynced"),
-    ("arbitrator refused", "arbitrator_refused"),
-    ("arbitrator lease expired", "lease_expired"),
-    ("peer n", "peer"),
-    ("restore", "restore"),
-    ("truncating", "truncation"),
-    ("sync request", "resync"),
-)
-
 __all__ = [
     "SyncInstance",
     "SyncCallbacks",
@@ -73,25 +58,6 @@ __all__ = [
     "batch_bounds",
     "core_event",
 ]
-
-
-def core_event(text: str) -> str:
-    """The event name of a replica log line (docs/operations.md §Logs), "replica" if none."""
-    body = text.split(": ", 1)[-1]
-    for start, event in _CORE_EVENTS:
-        if body.startswith(start):
-            return event
-    return "replica"
-
-
-def _log_line(origin: str, level: int, text: str) -> None:
-    """The driver's log lines: the replica's (vrepl.replica, with its event name) and the
-    driver's own (vrepl.sync: streams, flow control)."""
-    if origin == "replica":
-        if core_log.isEnabledFor(level):
-            core_log.log(level, text, extra={"event": core_event(text)})
-    else:
-        log.log(level, text)
 
 
 class SyncInstance:
@@ -343,7 +309,7 @@ class SyncInstance:
         )
         if self._storage is None:
             raise InvariantViolation("self._storage is not None")
-        driver = self.driver = Driver(replica, self._links, self._storage, self._app, options=options, on_log=_log_line)
+        driver = self.driver = Driver(replica, self._links, self._storage, self._app, options=options, on_log=log_line)
         self._storage.target = driver
         self._links.events = driver
         driver.before_flush = self._drain
