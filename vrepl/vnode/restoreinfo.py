@@ -2,8 +2,9 @@
 rules 4 and 5; the mixin VnodeRestoreInfo of Vnode, vrepl/vnode/vnode.py; docs/vnode.md §7).
 
 Owns: the answers' types (FileInfo, WalInfo), the archived files as a restore lists them
-(data files, the transactions' labels file when there is one, then the manifest), a named file's size and magic as computed from its bytes,
-and the WAL files of `<data path>/wal` as getWalInfo lists them.
+(data files, the transactions' labels file when it names a transaction, then the manifest),
+a named file's size and magic as computed from its bytes, and the WAL files of
+`<data path>/wal` as getWalInfo lists them.
 Must not: change any file or state (the restore flow replaces files; Vnode.notify_file_synced
 reloads them), or write the WAL.
 """
@@ -44,7 +45,7 @@ class VnodeRestoreInfo:
         """getFileInfo (seed 数据恢复流程 rule 4).
 
         Without a name (the master's call): the file at `index` (0 = oldest); after the n
-        data files, index n is the transactions' labels file when the vnode has one (written
+        data files, index n is the transactions' labels file when it names one (written
         under the lock together with the manifest, so the two always describe the same cut:
         docs/transactions.md §4), then the manifest (index n, or n + 1 after the labels
         file), so the manifest is still swapped in last; beyond it magic 0 (no more files).
