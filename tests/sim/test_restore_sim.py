@@ -60,7 +60,10 @@ def test_the_files_phase_installs_the_masters_files_and_rebases_the_wal(seed):
     archived_then = len(m.archive)
     assert archived_then > len(f.wal)
     assert wait_for(w, lambda: f.replica.counters["restores_ended_ok"] >= 1, 300), "f's restore never ended"
-    assert w.restores.with_files >= 1 and w.restores.files_sent >= 1
+    # The follower's side ends (WAL_END) a few ticks before the runner sees the sender's DONE
+    # and counts the session's files.
+    assert wait_for(w, lambda: w.restores.files_sent >= 1, 50), "no session with files ended"
+    assert w.restores.with_files >= 1
     # The follower's files are the master's (the same names and bytes at the swap), its
     # WAL was rebased on them (LogRebased) and the WAL phase continued after them.
     assert f.replica.counters["log_rebases"] >= 1

@@ -167,3 +167,28 @@ def test_validation_compares_transaction_outcomes_across_replicas(tmp_path):
     found = txn_findings(1, reps)
     assert [f.kind for f in found] == ["txn_outcome_differs"]
     assert "replica 3: ABORTED at v0" in found[0].message
+
+
+def test_get_file_info_lists_the_labels_file_just_before_the_manifest(tmp_path):
+    from vrepl.vnode.files import LABELS_FILE_NAME, MANIFEST_NAME, file_magic
+    lg = Log(str(tmp_path))
+    w = lg.write([["cpu", 1, {"x": 1}]])
+    lg.v.flush(None, w)                          # no transaction yet: the manifest is index n
+    n = len(lg.v._store.manifest.files)
+    assert lg.v.get_file_info(n).name == MANIFEST_NAME and lg.v.get_file_info(n + 1).magic == 0
+    t = lg.begin("listed")
+    lg.rows(t, b'[["cpu",2,{"x":2}]]')
+    c, _ = lg.step("commit", t)
+    lg.v.flush(None, c)
+    n = len(lg.v._store.manifest.files)
+    infos = [lg.v.get_file_info(i) for i in range(n + 3)]
+    with open(os.path.join(str(tmp_path), "data", "txn_labels.json"), "rb") as fh:
+        data = fh.read()
+    assert b'"label":"listed"' in data
+    assert (infos[n].name, infos[n].size, infos[n].magic) == (LABELS_FILE_NAME, len(data), file_magic(data))
+    assert infos[n + 1].name == MANIFEST_NAME and infos[n + 2].magic == 0
+    # The slave's call by name answers the same, with the same index.
+    assert lg.v.get_file_info(0, LABELS_FILE_NAME) == infos[n]
+    assert lg.v.get_file_info(0, MANIFEST_NAME).index == n + 1
+    lg.crash_and_reopen()                        # loaded from disk: still listed
+    assert lg.v.get_file_info(n) == infos[n]

@@ -21,6 +21,7 @@ from vrepl.restore.paths import STAGING_DIR, confined
 from vrepl.restore.receiver import file_crc_magic
 
 MANIFEST_NAME = "data/manifest.json"  # the reference vnode's (vrepl/vnode/files.py)
+LABELS_FILE_NAME = "data/txn_labels.json"  # its transactions' labels file (same module)
 
 
 def read_manifest(data_path: str) -> dict | None:
@@ -62,6 +63,8 @@ class DirSink:
         if doc is None:
             return []
         names = [str(f["name"]) for f in doc.get("files", []) if isinstance(f, dict) and "name" in f]
+        if os.path.lexists(os.path.join(self.data_path, *LABELS_FILE_NAME.split("/"))):
+            names.append(LABELS_FILE_NAME)
         return names + [MANIFEST_NAME]
 
     def files_synced(self) -> None:

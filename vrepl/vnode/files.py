@@ -33,6 +33,9 @@ from vrepl.vnode.rows import COLUMN_NAME_RE, TABLE_NAME_RE, TYPE_NAMES
 
 DATA_DIR = "data"
 MANIFEST_NAME = "data/manifest.json"
+# The transactions' labels file (vrepl/vnode/txnapply.py), written with each manifest commit
+# and listed by getFileInfo just before the manifest (docs/restore.md §3).
+LABELS_FILE_NAME = "data/txn_labels.json"
 MANIFEST_FORMAT = 1
 PARQUET_COMPRESSION = "zstd"
 META_PREFIX = b"vrepl."

@@ -2,8 +2,9 @@
 rules 4 and 5; the mixin VnodeRestoreInfo of Vnode, vrepl/vnode/vnode.py; docs/vnode.md §7).
 
 Owns: the answers' types (FileInfo, WalInfo), the archived files as a restore lists them
-(data files, then the manifest), a named file's size and magic as computed from its bytes,
-and the WAL files of `<data path>/wal` as getWalInfo lists them.
+(data files, the transactions' labels file when it names a transaction, then the manifest),
+a named file's size and magic as computed from its bytes, and the WAL files of
+`<data path>/wal` as getWalInfo lists them.
 Must not: change any file or state (the restore flow replaces files; Vnode.notify_file_synced
 reloads them), or write the WAL.
 """
@@ -13,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from vrepl.vnode.errors import ArchiveError
-from vrepl.vnode.files import MANIFEST_NAME, file_magic, name_invalid
+from vrepl.vnode.files import LABELS_FILE_NAME, MANIFEST_NAME, file_magic, name_invalid
 from vrepl.wal import list_wal_files  # read only: the WAL is the sync's
 
 WAL_DIR = "wal"
@@ -43,11 +44,14 @@ class VnodeRestoreInfo:
     def get_file_info(self, index: int, name: str | None = None) -> FileInfo:
         """getFileInfo (seed 数据恢复流程 rule 4).
 
-        Without a name (the master's call): the file at `index` (0 = oldest); index n, just
-        after the n data files, is the manifest; beyond it magic 0 (no more files). With a
-        name (the slave's call): this node's file of that name, size and magic computed from
-        its bytes, magic 0 if it has none. An unusable name or an I/O error raises
-        ArchiveError (the sync layer answers -1 and stops the restore, rule 6).
+        Without a name (the master's call): the file at `index` (0 = oldest); after the n
+        data files, index n is the transactions' labels file when it names one (written
+        under the lock together with the manifest, so the two always describe the same cut:
+        docs/transactions.md §4), then the manifest (index n, or n + 1 after the labels
+        file), so the manifest is still swapped in last; beyond it magic 0 (no more files).
+        With a name (the slave's call): this node's file of that name, size and magic
+        computed from its bytes, magic 0 if it has none. An unusable name or an I/O error
+        raises ArchiveError (the sync layer answers -1 and stops the restore, rule 6).
         """
         with self._lock:
             files = self._store.manifest.files
@@ -57,14 +61,19 @@ class VnodeRestoreInfo:
                     f = files[index]
                     return FileInfo(index, f.name, f.size, f.magic)
                 mb = self._store.manifest_bytes
-                if index == n and mb:
-                    return FileInfo(n, MANIFEST_NAME, len(mb), file_magic(mb))
+                lb = self.txns.file_bytes if mb else None
+                if index == n and lb is not None:
+                    return FileInfo(n, LABELS_FILE_NAME, len(lb), file_magic(lb))
+                if index == n + (lb is not None) and mb:
+                    return FileInfo(index, MANIFEST_NAME, len(mb), file_magic(mb))
                 return FileInfo(index, "", 0, 0)
-            reason = name_invalid(name)
+            reason = None if name == LABELS_FILE_NAME else name_invalid(name)
             if reason is not None:
                 raise ArchiveError(name, reason)
-            if name == MANIFEST_NAME:
+            if name == LABELS_FILE_NAME:
                 index = n
+            elif name == MANIFEST_NAME:
+                index = n + (self.txns.file_bytes is not None)
             else:
                 index = next((i for i, f in enumerate(files) if f.name == name), index)
         try:

@@ -21,26 +21,32 @@ from vrepl.txn.machine import PREPARE, PUBLISHED, Outcome, TxnTable
 from vrepl.txn.record import TxnPayloadError, decode_txn_payload
 from vrepl.vnode import rows as R
 from vrepl.vnode.errors import ApplyError, ArchiveError, PayloadError
-from vrepl.vnode.files import write_atomic
+from vrepl.vnode.files import LABELS_FILE_NAME, write_atomic
 
-LABELS_NAME = "txn_labels.json"
 DEFAULT_LABEL_RETENTION_MS = TxnConfig.label_retention_ms
 
 
 class VnodeTxns:
     def __init__(self, path: str, label_retention_ms: int = DEFAULT_LABEL_RETENTION_MS,
                  fsync: bool = True) -> None:
-        self.file = os.path.join(path, "data", LABELS_NAME)
+        self.file = os.path.join(path, *LABELS_FILE_NAME.split("/"))
         self.fsync = fsync
         self.table = TxnTable(label_retention_ms)
+        # The labels file's bytes as last loaded or saved, so getFileInfo lists it without
+        # reading the disk (written under the vnode's lock with the manifest). None: no file,
+        # or one without a transaction, which a restore does not send (a vnode that never
+        # ran a transaction keeps the manifest at index n, docs/vnode.md §4).
+        self.file_bytes: bytes | None = None
 
     def load(self, archived_version: int) -> None:
         """A fresh table holding the labels file's transactions finished at or below the
         archive (the WAL above it replays the rest)."""
         self.table = TxnTable(self.table.label_retention_ms)
+        self.file_bytes = None
         try:
             with open(self.file, "rb") as fh:
-                doc = json.loads(fh.read().decode("utf-8"))
+                data = fh.read()
+            doc = json.loads(data.decode("utf-8"))
         except FileNotFoundError:
             self.table.applied_version = archived_version
             return
@@ -52,13 +58,16 @@ class VnodeTxns:
             self.table.load_labels(doc, archived_version)
         except (KeyError, TypeError, ValueError) as exc:
             raise ArchiveError(self.file, f"malformed transaction labels: {exc!r}") from exc
+        self.file_bytes = data if doc.get("txns") else None
 
     def save(self, through_version: int) -> None:
         """Write the finished transactions at or below `through_version` (before the
         manifest commit that archives up to it; docs/transactions.md §4)."""
-        data = json.dumps(self.table.labels_doc(through_version), separators=(",", ":"))
+        doc = self.table.labels_doc(through_version)
+        raw = json.dumps(doc, separators=(",", ":")).encode()
         os.makedirs(os.path.dirname(self.file), exist_ok=True)
-        write_atomic(self.file, data.encode(), self.fsync)
+        write_atomic(self.file, raw, self.fsync)
+        self.file_bytes = raw if doc["txns"] else None
 
     def apply(self, version: int, payload: bytes, schemas: dict[str, dict[str, str]]
               ) -> tuple[Outcome, dict[str, dict[str, str]], list[Any], int]:

@@ -11,7 +11,9 @@ first version wanted, the rebase, restored records and the end, through the driv
 a crash as production's staging directory is, and the swap into the app's files). The app's
 files: `app_files()`, the archive cut into data files (`data/v<first>`, each up to
 `FILE_RECORDS` records; a flush rewrites the last one while it has room, as the vnode
-rewrites a time bucket) and a manifest last, each file's bytes the real WAL record encoding
+rewrites a time bucket), a labels file naming the archived version (as the vnode's
+`data/txn_labels.json`, written with each manifest and listed just before it) and a
+manifest last, each file's bytes the real WAL record encoding
 of its records and its magic the default CRC-32C rule.
 Must not: step a driver but through the world's `call_driver` (a crash there ends the
 session: `SessionGone`), or use randomness but the world's PRNG.
@@ -36,6 +38,7 @@ from vrepl.testing.sim.restore_io import UNITS_PER_SECOND
 
 FILE_RECORDS = 16  # records a data file holds before a flush starts a new one
 MANIFEST = "manifest"
+LABELS = "labels"  # the vnode's labels file: written with the manifest, sent just before it
 BEGIN_WAIT_UNITS = 200  # a follower that has not matched its log by then: the session fails
 
 
@@ -67,7 +70,9 @@ def app_files(sn: SimNode) -> list[tuple[str, bytes]]:
     for first, last in sn.files:
         out.append((f"data/v{first}", encode_block(sn.archive[first - 1:last])[0]))
     if out:
-        out.append((MANIFEST, ";".join(f"{n}:{len(b)}" for n, b in out).encode()))
+        manifest = ";".join(f"{n}:{len(b)}" for n, b in out).encode()
+        out.append((LABELS, f"through={sn.files[-1][1]}".encode()))
+        out.append((MANIFEST, manifest))
     return out
 
 
@@ -85,8 +90,12 @@ def install_files(sn: SimNode, files: list[tuple[str, bytes]]) -> None:
     from them and drops its memtable (the vnode's notify_file_synced)."""
     archive: list[Record] = []
     ranges = []
+    labels = None
     for name, data in files:
         if name == MANIFEST:
+            continue
+        if name == LABELS:
+            labels = data.decode()
             continue
         scan = _rec.scan(data, max_payload_len=MAX_RECORD_BYTES, contiguous=True)
         if not scan.ok or not scan.count:
@@ -96,6 +105,11 @@ def install_files(sn: SimNode, files: list[tuple[str, bytes]]) -> None:
             raise SimError(f"n{sn.node}: restored file {name} starts at v{first} after v{len(archive)}")
         archive += decode_block(first, data)
         ranges.append((first, len(archive)))
+    if labels is not None and labels != f"through={len(archive)}":
+        # The labels file and the manifest must describe one cut (a flush between sending
+        # the two is a change the sender detects): else a promoted replica answers labels
+        # of another version.
+        raise SafetyViolation(f"n{sn.node}: restored labels file says {labels}, the files hold v{len(archive)}")
     have = sn.wal[:len(archive)]
     if archive[:len(have)] != have:
         raise SafetyViolation(f"n{sn.node}: restored files differ from its WAL below v{len(have)}")
