@@ -10,7 +10,7 @@ tables, the deleted files, then the new files in offers (a cut file resumes from
 receiver's offset; a file whose checksum fails is sent again, up to `file_retries` times,
 then the sender checks its own copy), log each file the receiver confirms loaded in
 sync.log (fsynced), and fold the log into the list once the receiver says DONE.
-`read_round_files()` is the file selection alone (tests, `vrepl validate --ship`).
+The selection itself is vrepl/ship/select.py; the options and the result vrepl/ship/round.py.
 Must not: hold the sender lock (the CLI holds it for the life of the process), print
 anything (progress goes through `progress(kind, n)`), or write into the vnode's data.
 """
@@ -26,15 +26,14 @@ import shutil
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from vrepl._core import crc32c as _crc
 from vrepl.errors import InvariantViolation
 from vrepl.killpoints import killpoint, register
-from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
-from vrepl.ship.errors import ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError, StateError, UnsafeName
+from vrepl.ship.errors import ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError
+from vrepl.ship.round import RoundResult, SenderOptions
+from vrepl.ship.select import diff, file_magic_of, manifest_entries, read_manifest
 from vrepl.ship.state import (
     LOG_DELETED_END,
     LOG_DELETED_START,
@@ -54,9 +53,7 @@ from vrepl.ship.state import (
     load_uuid,
 )
 from vrepl.ship.stream import ShipStream, connect
-from vrepl.vnode.errors import ArchiveError
-from vrepl.vnode.files import MANIFEST_NAME, Manifest
-from vrepl.vnode.rows import TABLE_NAME_RE
+from vrepl.vnode.files import Manifest
 
 log = logging.getLogger("vrepl.ship")
 
@@ -74,112 +71,7 @@ KP_DONE = register(
     "ship.sender.after_done", "the receiver said DONE; sync.log not yet folded into last_local_files.txt"
 )
 
-CRC_CHUNK_BYTES = 16 * 1024 * 1024
 SELECT_ATTEMPTS = 5  # manifest re-reads when a file vanished between read and link
-
-
-@dataclass
-class SenderOptions:
-    data: str  # the vnode's directory (holds data/manifest.json)
-    addresses: list[tuple[str, int]]  # the receiving vgroup's nodes (replication ports)
-    receiver: str  # how the operator named them (--to): names the state dir
-    sender_id: int
-    secret: bytes
-    vgroup: int = 1
-    uuid: str | None = None  # --uuid: set the sender's UUID explicitly
-    resync: bool = False  # reconcile by listing even when the digests agree
-    file_retries: int = 5  # sends of one file whose checksum fails (seed: 5)
-    offer_files: int = 1000  # entries per OFFER
-    connect_timeout_s: float = 5.0
-    io_timeout_s: float = 60.0
-    fsync: bool = True
-    bind: str | None = None  # source address of the connection (--bind)
-
-
-@dataclass
-class RoundResult:
-    seq: int = 0
-    round_id: int = 0
-    receiver: str = ""
-    deleted: int = 0  # files deleted on the sender since the last round
-    new: int = 0  # new files this round
-    new_bytes: int = 0
-    sent_files: int = 0  # files whose bytes crossed the network
-    sent_bytes: int = 0  # file bytes sent (a resumed file counts its rest)
-    skipped: int = 0  # new files the receiver already held or had received
-    loaded: int = 0  # files the receiver confirmed loaded
-    removed: int = 0  # deletions the receiver confirmed
-    retries: int = 0  # files sent again after a failed checksum
-    reconciled: bool = False  # the digests differed: the list was taken from the receiver
-    failed: list[str] = field(default_factory=list)  # files given up this round (reasons)
-    repaired: list[str] = field(default_factory=list)  # what recovery did before the round
-    seconds: float = 0.0
-    nothing_new: bool = False
-
-    def describe(self) -> str:
-        if self.nothing_new:
-            return f"round {self.seq} to {self.receiver}: nothing new ({self.seconds * 1000:.0f} ms)"
-        rate = self.sent_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
-        text = (
-            f"round {self.seq} to {self.receiver}: {self.loaded} of {self.new} new files loaded"
-            f" ({self.sent_files} sent, {self.sent_bytes} B, {rate:.1f} MB/s; {self.skipped} already"
-            f" there), {self.removed} of {self.deleted} deletions applied in {self.seconds:.2f} s"
-        )
-        if self.retries:
-            text += f", {self.retries} files sent again"
-        if self.reconciled:
-            text += ", reconciled with the receiver's list"
-        return text
-
-
-def read_manifest(data: str) -> Manifest:
-    path = os.path.join(data, MANIFEST_NAME)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise StateError(
-            f"{data}: no {MANIFEST_NAME}: not a vnode data directory (give the"
-            " directory that holds data/ and wal/, e.g. <data_dir>/vg1)"
-        ) from None
-    except OSError as exc:
-        raise StateError(f"{path}: {exc.strerror}") from None
-    try:
-        return Manifest.from_bytes(raw, path)
-    except ArchiveError as exc:
-        raise StateError(str(exc)) from None
-
-
-def manifest_entries(m: Manifest) -> dict[Key, P.FileEntry]:
-    """The manifest's files as entries by key. A name the receiver would refuse is refused
-    here first (it came from this disk, but a damaged or crafted manifest is possible)."""
-    out: dict[Key, P.FileEntry] = {}
-    for f in m.files:
-        why = name_refusal(f.name)
-        if why is not None or TABLE_NAME_RE.fullmatch(f.table) is None:
-            raise UnsafeName(f"the manifest names a file the receiver would refuse: {why or f'table {f.table!r}'}")
-        e = P.FileEntry(0, f.table, f.bucket, f.size, f.magic, f.rows, f.name)
-        out[e.key] = e
-    return out
-
-
-def diff(last: dict[Key, P.FileEntry], now: dict[Key, P.FileEntry]) -> tuple[list[P.FileEntry], list[P.FileEntry]]:
-    """(deleted, new): the seed's two lists, by content key, in a stable order."""
-    deleted = sorted((e for k, e in last.items() if k not in now), key=lambda e: e.key)
-    new = sorted((e for k, e in now.items() if k not in last), key=lambda e: (e.bucket, e.table, e.key))
-    return deleted, new
-
-
-def file_magic_of(path: str) -> int:
-    """CRC-32C of a file (1 if 0): the vnode's magic, recomputed from its bytes."""
-    crc = 0
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            chunk = fh.read(CRC_CHUNK_BYTES)
-            if not chunk:
-                break
-            crc = _crc.crc32c(chunk, crc)
-    return crc or 1
 
 
 class _Replies(threading.Thread):
