@@ -12,28 +12,18 @@ trust a byte the sender sent before checking it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
-
-from prometheus_client import Counter
+from typing import TYPE_CHECKING
 
 from vrepl._core import crc32c as _crc
 from vrepl.errors import InvariantViolation
 from vrepl.killpoints import killpoint, register
-from vrepl.node.ingest import IngestError, IngestFile, IngestRemove
+from vrepl.node.ingest import IngestError
 from vrepl.node.shipdirs import (
-    DATA_DIR,
-    DELETE_LINE,
     FILES_LIST,
-    INGEST_BUSY_RETRY_S,
-    INGEST_BUSY_TRIES,
-    INGEST_TIMEOUT_S,
-    LOAD_LINE,
     PART_SUFFIX,
     RECEIVER_DIR,
     ROUNDS_FILE,
@@ -41,13 +31,11 @@ from vrepl.node.shipdirs import (
     SYNC_END,
     SenderDirR,
     SenderStatus,
-    _link_or_copy,
-    _remove_tree,
     entry_refusal,
-    key_text,
     read_manifest_of,
     recover,
 )
+from vrepl.node.shipload import SessionHost, SessionLoading
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import (
     ERR_BAD_DATA,
@@ -62,11 +50,9 @@ from vrepl.ship.errors import (
     ERR_PROTOCOL,
     ERR_TYPE,
     ERR_UNSAFE_NAME,
-    ERROR_NAMES,
     PeerGone,
     Refused,
     ShipError,
-    refused,
 )
 from vrepl.ship.state import (
     LOG_DELETED_END,
@@ -80,7 +66,6 @@ from vrepl.ship.state import (
     Key,
     SyncLog,
     entry_line,
-    fsync_dir,
 )
 from vrepl.ship.stream import ShipStream
 from vrepl.transport import codec
@@ -89,43 +74,21 @@ from vrepl.vnode.rows import COLUMN_NAME_RE, TABLE_NAME_RE, TYPE_NAMES, type_acc
 from vrepl.vnode.staging import MAX_ROUND_FILES
 
 if TYPE_CHECKING:
-    from vrepl.node.vgroup import VgroupHost
+    pass
 
 log = logging.getLogger("vrepl.ship")
-
-
-class SessionHost(Protocol):
-    """What a Session needs of its ShipService (vrepl/node/shipreceiver.py, which creates
-    the sessions: not imported here, so the two modules do not import each other)."""
-
-    vgroups: "dict[int, VgroupHost]"
-    fsync: bool
-    status_of: dict[str, SenderStatus]
-    _lock: threading.Lock
-    _active: dict[str, Any]  # uuid -> its running Session
-    m_rounds: Counter
-    m_bytes: Counter
-    m_files: Counter
-    m_retries: Counter
-    m_refusals: Counter
-
-    def claim(self, vg: "VgroupHost", uuid: str, tables: list[str]) -> str | None: ...
 
 
 KP_RECEIVED = register(
     "ship.receiver.after_receive",
     "a file's bytes are whole and verified (renamed into data/, in sync.log); not yet handed to ingest",
 )
-KP_INGESTED = register(
-    "ship.receiver.after_ingest", "the ingest record of a batch is committed; load.log does not name its files"
-)
-KP_LOAD_LOGGED = register("ship.receiver.after_load_log", "load.log names the batch; LOADED not yet sent to the sender")
 KP_SYNC_END = register(
     "ship.receiver.after_sync_end", "the round is received and loaded, sync.end written; sync.log not folded"
 )
 
 
-class Session:
+class Session(SessionLoading):
     """One sender's connection (a thread): the receiver's half of docs/ship.md §3."""
 
     def __init__(self, svc: SessionHost, stream: ShipStream, hello: codec.Hello) -> None:
@@ -142,11 +105,6 @@ class Session:
         self.log: SyncLog | None = None
         self.bytes_in = 0
         self.archived: set[Key] | None = None  # keys of this sender's archived files
-
-    # -- errors ----------------------------------------------------------------------------------
-    def refuse(self, code: int, reason: str) -> Refused:
-        self.svc.m_refusals.labels(ERROR_NAMES.get(code, "other")).inc()
-        return refused(code, reason)
 
     def run(self) -> None:
         uuid = None
@@ -495,121 +453,3 @@ class Session:
         self.stream.send(P.Result(msg.index, P.RESULT_OK))
         if len(self.received) >= MAX_ROUND_FILES:
             self._load_received()
-
-    # -- loading -------------------------------------------------------------------------------
-    def _load_received(self, final: bool = False) -> None:
-        """Load what was received (and verified) so far, then tell the sender. The round's
-        deletions go with its `final` load (at END): in one record with the last files, so
-        a superseded file leaves the archive when the file that replaces it arrives, and a
-        cut round removes nothing (docs/ship.md §3.3)."""
-        deletions = list(range(len(self.deleted))) if final else []
-        if not self.received and not deletions:
-            return
-        if self.sd is None:
-            raise InvariantViolation("self.sd is not set")
-        if self.log is not None:
-            self.log.sync()
-        if self.svc.fsync:
-            fsync_dir(self.sd.p(DATA_DIR))
-        fl = self.sd.files()
-        batch = [self.offers[i] for i in self.received]
-        held = self.archived or set()
-        fresh = [e for e in batch if e.key not in fl.entries and e.key not in held]
-        loaded, removed = self.sd.load_log_keys()
-        fresh = [e for e in fresh if key_text(e.key) not in loaded]
-        dels = [self.deleted[i] for i in deletions if key_text(self.deleted[i].key) not in removed]
-        version = epoch = 0
-        if fresh or dels:
-            version, epoch = self.load(fresh, dels)
-        indexes = tuple(self.received)
-        self.received = []
-        self.stream.send(P.Loaded(version, epoch, indexes, tuple(deletions)))
-
-    def load(self, files: list[P.FileEntry], deletions: list[P.FileEntry] | None = None) -> tuple[int, int]:
-        """Ingest `files` (each in data/) and remove the archived files of `deletions` (this
-        sender's, by key) by ingest records of at most MAX_ROUND_FILES adds and as many
-        removals, the deletions in the last records; load.log names each batch once its
-        record committed. (version, epoch) of the last record."""
-        if self.sd is None:
-            raise InvariantViolation("self.sd is not set")
-        sd, vg = self.sd, self.vg
-        arch = sd.archive(vg.vnode) if deletions else {}
-        removals: list[tuple[P.FileEntry, list[IngestRemove]]] = [
-            (e, [IngestRemove(*x) for x in arch.get(e.key, ())]) for e in deletions or ()
-        ]
-        del_batches: list[list[tuple[P.FileEntry, list[IngestRemove]]]] = []
-        for item in removals:  # at most MAX_ROUND_FILES removals per record
-            if not del_batches or sum(len(r) for _, r in del_batches[-1]) + len(item[1]) > MAX_ROUND_FILES:
-                del_batches.append([])
-            del_batches[-1].append(item)
-        add_batches = [files[k : k + MAX_ROUND_FILES] for k in range(0, len(files), MAX_ROUND_FILES)]
-        n = max(len(add_batches), len(del_batches))
-        add_batches = [[]] * (n - len(add_batches)) + add_batches
-        del_batches = [[]] * (n - len(del_batches)) + del_batches  # with the last adds
-        version = epoch = 0
-        for batch, dbatch in zip(add_batches, del_batches):
-            remove = [r for _, rs in dbatch for r in rs]
-            lines = [LOAD_LINE + key_text(e.key) for e in batch] + [DELETE_LINE + key_text(e.key) for e, _ in dbatch]
-            if not batch and not remove:  # deletions of files the archive no longer holds
-                sd.append_load_log(lines)
-                continue
-            sub = f"ship-{sd.uuid}-{os.urandom(6).hex()}"
-            incoming = os.path.join(vg.staging_dir(), sub)
-            specs = []
-            if batch:
-                os.makedirs(incoming, exist_ok=True)
-            for k, e in enumerate(batch):
-                _link_or_copy(sd.data_file(e), os.path.join(incoming, f"{k}.parquet"))
-                specs.append(IngestFile(f"{sub}/{k}.parquet", e.table, sd.origin, e.size, e.magic))
-            meta = {
-                "sender": sd.uuid,
-                "round": self.round.round_id if self.round else 0,
-                "seq": self.round.seq if self.round else 0,
-            }
-            t0 = time.monotonic()
-            try:
-                res = self._ingest(specs, meta, remove)
-            finally:
-                _remove_tree(incoming)
-            log.info(
-                "ship %s vg%d: %d files loaded, %d removed by record v%d in %.3f s",
-                sd.uuid,
-                vg.id,
-                len(batch),
-                len(remove),
-                res.version,
-                time.monotonic() - t0,
-            )
-            killpoint(KP_INGESTED)
-            sd.append_load_log(lines)
-            killpoint(KP_LOAD_LOGGED)
-            for e in batch:
-                try:
-                    os.unlink(sd.data_file(e))
-                except FileNotFoundError:
-                    pass
-            self.svc.m_files.labels(str(vg.id)).inc(len(batch))
-            version, epoch = res.version, res.epoch
-        return version, epoch
-
-    def _ingest(self, specs: list[IngestFile], meta: dict[str, Any], remove: list[IngestRemove]) -> Any:
-        vg = self.vg
-        loop = vg.loop
-        if loop is None:
-            raise self.refuse(ERR_NOT_MASTER, f"vg{vg.id} is not running")
-        for _ in range(INGEST_BUSY_TRIES):
-            fut = asyncio.run_coroutine_threadsafe(vg.ingest(specs, "ship", meta, remove), loop)
-            try:
-                return fut.result(INGEST_TIMEOUT_S)
-            except IngestError as exc:
-                if exc.code in ("busy", "overloaded"):
-                    time.sleep(INGEST_BUSY_RETRY_S)
-                    continue
-                if exc.code == "not_master":
-                    raise self.refuse(ERR_NOT_MASTER, str(exc)) from None
-                if exc.code == "bad_files":
-                    raise self.refuse(ERR_BAD_DATA, f"the vgroup refused a file: {exc}") from None
-                raise self.refuse(ERR_LOAD, f"load failed ({exc.code}): {exc}") from None
-            except TimeoutError:
-                raise self.refuse(ERR_LOAD, f"load not confirmed within {INGEST_TIMEOUT_S:g} s") from None
-        raise self.refuse(ERR_BUSY, "the vgroup stayed busy with other rounds; retry later")
