@@ -1,0 +1,43 @@
+"""Small promises of the docs that the code must keep word for word (docs/client-api.md,
+docs/wal-format.md): headers and byte layouts an outside client relies on."""
+from __future__ import annotations
+
+import pathlib
+import re
+import struct
+
+from vrepl import wal
+from vrepl._core import crc32c
+from vrepl.node import metrics
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_metrics_content_type_is_the_documented_one():
+    text = (DOCS / "client-api.md").read_text()
+    quoted = re.search(r"`Content-Type: (text/plain[^`]*)`", text)
+    assert quoted is not None
+    assert metrics.CONTENT_TYPE == quoted.group(1)
+
+
+def test_index_file_layout_is_the_documented_one(tmp_path):
+    # docs/wal-format.md §Files: the .idx byte layout, read here with struct, not the WAL code.
+    w = wal.WalWriter(str(tmp_path), wal.WalOptions(max_file_bytes=4096, group_commit_ms=0))
+    for i in range(1, 301):
+        w.append(b"x" * 20, epoch=1)
+    w.close()
+    sealed = sorted(tmp_path.glob("*.idx"))[0]
+    data = sealed.read_bytes()
+    magic, fmt, index, first, count, size, stride = struct.unpack_from("<4sIQQQQQ", data)
+    assert (magic, fmt, stride) == (b"VRIX", 1, 64)
+    walfile = sealed.with_suffix(".wal")
+    assert index == int(sealed.stem) and size == walfile.stat().st_size and first == 1
+    n = -(-count // 64)
+    assert len(data) == 48 + 8 * n + 4
+    offsets = struct.unpack_from(f"<{n}Q", data, 48)
+    body = walfile.read_bytes()
+    for k, off in enumerate(offsets):
+        # each sampled offset starts record 64*k: its version field (offset 8) says so
+        assert body[off:off + 4] == b"VRWL"
+        assert struct.unpack_from("<Q", body, off + 8)[0] == first + 64 * k
+    assert struct.unpack_from("<I", data, len(data) - 4)[0] == crc32c.crc32c(data[:-4])
