@@ -20,7 +20,9 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
    receiver received in all / the file's size (target <= 1.05).
 5. --senders senders (each its own edge directory, 1/--senders of the files) into one
    receiver at once: aggregate rate / the rate of one sender (target >= 0.8).
-Prints a table; the figures of one run go to docs/benchmarks.md.
+Prints each figure as it is measured, then a table (the figures of one run go to
+docs/benchmarks.md). A first full ship that fails is a figure too (FAILED, with the
+command's last line; the steps after it still run) and makes the exit code 1.
 """
 from __future__ import annotations
 
@@ -140,6 +142,11 @@ def main() -> int:
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-ship-", dir=args.dir)
     out: list[tuple[str, str]] = []
+
+    def note(what: str, figure: str) -> None:
+        """A figure as soon as it is measured (a later failure loses nothing), and in the table."""
+        print(f"{what}: {figure}", flush=True)
+        out.append((what, figure))
     try:
         edge = os.path.join(base, "edge")
         t0 = time.monotonic()
@@ -147,25 +154,26 @@ def main() -> int:
         print(f"edge: {args.files} files, {size / 2**20:.0f} MiB written in {time.monotonic() - t0:.1f} s", flush=True)
         rs = rsync_baseline(os.path.join(edge, "data"), base)
         if rs is not None:
-            out.append(("rsync -a --whole-file to an rsync daemon", f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s"))
+            note("rsync -a --whole-file to an rsync daemon", f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s")
         else:
-            out.append(("rsync baseline", "skipped: rsync is not installed"))
+            note("rsync baseline", "skipped: rsync is not installed")
         for n in [int(x) for x in args.replicas.split(",") if x]:
             recv = receiver(os.path.join(base, f"recv{n}"), n)
             try:
                 shutil.rmtree(os.path.join(edge, "ship"), ignore_errors=True)
                 secs, text, rc = ship(edge, recv)
-                if rc != 0:
-                    print(text, file=sys.stderr)
-                    return 1
+                if rc != 0:         # a figure of its own (e.g. the load never committed)
+                    last = text.strip().splitlines()[-1] if text.strip() else ""
+                    note(f"first full ship, {n} replica(s)", f"FAILED after {secs:.2f} s (exit {rc}): {last[:300]}")
+                    continue
                 ratio = f", {rs / secs:.2f} x rsync's rate" if rs else ""
-                out.append((f"first full ship, {n} replica(s)", f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}"))
+                note(f"first full ship, {n} replica(s)", f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}")
                 before = received_bytes(recv)
                 secs2, text, rc = ship(edge, recv)
                 m = re.search(r"nothing new \((\d+) ms\)", text)
-                out.append((f"round with nothing new, {n} replica(s)",
-                            f"{m.group(1) if m else '?'} ms in the round ({secs2 * 1000:.0f} ms with process start),"
-                            f" {received_bytes(recv) - before:.0f} file bytes received"))
+                note(f"round with nothing new, {n} replica(s)",
+                     f"{m.group(1) if m else '?'} ms in the round ({secs2 * 1000:.0f} ms with process start),"
+                     f" {received_bytes(recv) - before:.0f} file bytes received")
             finally:
                 recv.close()
         if args.cut_mib:
@@ -179,9 +187,9 @@ def main() -> int:
                 first = received_bytes(recv)
                 secs, text, rc = ship(cut, recv)
                 total = received_bytes(recv)
-                out.append((f"link cut at half of a {big / 2**20:.0f} MiB file",
-                            f"{first / 2**20:.0f} MiB before the cut; {total / big:.3f} x the file's size received in all"
-                            f" (resumed round {secs:.2f} s, exit {rc})"))
+                note(f"link cut at half of a {big / 2**20:.0f} MiB file",
+                     f"{first / 2**20:.0f} MiB before the cut; {total / big:.3f} x the file's size received in all"
+                     f" (resumed round {secs:.2f} s, exit {rc})")
             finally:
                 recv.close()
         if args.senders:
@@ -207,15 +215,15 @@ def main() -> int:
                 many_secs = time.monotonic() - t0
                 many_size = one_size * len(procs)
                 one_rate, many_rate = one_size / one_secs, many_size / many_secs
-                out.append((f"{len(procs)} senders at once into one receiver",
-                            f"aggregate {many_rate / 1e6:.0f} MB/s vs one sender {one_rate / 1e6:.0f} MB/s:"
-                            f" {many_rate / one_rate:.2f} x (exit codes {sorted(set(codes))})"))
+                note(f"{len(procs)} senders at once into one receiver",
+                     f"aggregate {many_rate / 1e6:.0f} MB/s vs one sender {one_rate / 1e6:.0f} MB/s:"
+                     f" {many_rate / one_rate:.2f} x (exit codes {sorted(set(codes))})")
             finally:
                 recv.close()
         width = max(len(k) for k, _ in out)
         for k, v in out:
             print(f"{k:<{width}}  {v}")
-        return 0
+        return 1 if any(v.startswith("FAILED") for _, v in out) else 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

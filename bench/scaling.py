@@ -85,7 +85,9 @@ def _masters(cluster, vgroups: list[int]) -> dict[int, str] | None:
 
 async def _load(masters: dict[int, str], clients: int, batch: int, row_bytes: int,
                 duration_s: float, warmup_s: float) -> dict:
+    from vrepl.client import Client
     from vrepl.node.loadgen import _client
+    access = Client(sorted(set(masters.values())))
     loop = asyncio.get_running_loop()
     t_measure = loop.time() + warmup_s
     t_end = t_measure + duration_s
@@ -99,7 +101,7 @@ async def _load(masters: dict[int, str], clients: int, batch: int, row_bytes: in
         host, _, port = masters[vg].rpartition(":")
         tasks.append(asyncio.create_task(_client(
             i, host, int(port), b"/v1/vgroups/%d/write" % vg, batch, row_bytes, t_end,
-            t_measure, lat, counts, stats)))
+            t_measure, lat, counts, stats, access)))
     res = await asyncio.gather(*tasks, return_exceptions=True)
     for r in res:
         if isinstance(r, BaseException):

@@ -239,6 +239,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_txn(args: argparse.Namespace) -> int:
+    from vrepl.node import txncli
+
+    return txncli.cmd_txn(args, node_access(args))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from vrepl.node.demo import run_demo
 
@@ -309,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     # `vrepl ship` and `vrepl ship-owner` (docs/ship.md); each returns its exit code.
     from vrepl.ship.cli import add_parsers as add_ship_parsers
     add_ship_parsers(sub)
+
+    # `vrepl txn list|show|abort` (docs/transactions.md).
+    from vrepl.node import txncli
+    txncli.add_parsers(sub, add_node_access_options, cmd_txn)
 
     w = sub.add_parser("wal", help="inspect, verify and repair a WAL directory")
     wsub = w.add_subparsers(dest="wal_command", metavar="WAL_COMMAND")

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from vrepl.client_txn import Transaction, TransactionError
 from vrepl.errors import (
     BadRequestError,
     ClientError,
@@ -533,10 +534,13 @@ class Client:
         return self._get(vgroup, "tables", node)
 
     def read(self, vgroup: int, table: str, start: int | None = None, end: int | None = None,
-             node: str | None = None, limit: int | None = None) -> dict:
+             node: str | None = None, limit: int | None = None, as_of: int | None = None
+             ) -> dict:
         """Rows of `table` with start <= ts < end from one replica (the master by default):
         {"rows": [{"ts", "_version", "_epoch", columns...}], "exists", "truncated",
-        "version", ...}; "exists" is False when the replica holds no row of the table."""
+        "version", "visible_version", ...}; "exists" is False when the replica holds no row
+        of the table. `as_of=V`: once the replica applied V, without the rows written after
+        V (docs/client-api.md §Read)."""
         q = [f"table={table}"]
         if start is not None:
             q.append(f"start={start}")
@@ -544,4 +548,17 @@ class Client:
             q.append(f"end={end}")
         if limit is not None:
             q.append(f"limit={limit}")
+        if as_of is not None:
+            q.append(f"as_of={as_of}")
         return self._get(vgroup, f"rows?{'&'.join(q)}", node)
+
+    def transaction(self, vgroup: int, label: str, timeout_ms: int | None = None) -> Transaction:
+        """A transaction of `vgroup` under `label` (docs/client-api.md §Transactions): `with
+        client.transaction(1, "job-7") as txn: txn.put(rows)` commits on a normal exit and
+        aborts on an exception; a label already VISIBLE (a retried job) loads nothing."""
+        return Transaction(self, vgroup, label, timeout_ms)
+
+    def transactions(self, vgroup: int, node: str | None = None, open_only: bool = False
+                     ) -> dict:
+        """GET /v1/vgroups/{vgroup}/txn from one replica (the master by default)."""
+        return self._get(vgroup, "txn?open=1" if open_only else "txn", node)

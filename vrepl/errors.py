@@ -187,6 +187,11 @@ class UnauthorizedError(BadRequestError):
     retried; nothing was written."""
 
 
+class TransactionError(BadRequestError):
+    """A transaction step refused (4xx, vrepl/client_txn.py): the transaction is in another
+    state (aborted, visible, sealed), the label or rows are bad, or a limit was reached."""
+
+
 class NotWrittenError(ClientError, ConnectionError):
     """No master could take the write before the deadline; it was certainly not written."""
 
@@ -198,6 +203,13 @@ class OutcomeUnknownError(ClientError, TimeoutError):
     def __init__(self, request_id: str, reason: str):
         self.request_id = request_id
         super().__init__(f"request {request_id}: outcome unknown: {reason}")
+
+
+# -- transactions (vrepl.txn) -----------------------------------------------------------------
+
+class TxnPayloadError(VreplError, ValueError):
+    """A format-9 payload (a transaction's WAL record) that does not decode; names the
+    version when known (docs/transactions.md §3)."""
 
 
 # -- the reference vnode (vrepl.vnode) --------------------------------------------------------

@@ -1,7 +1,7 @@
 """The exit codes of every vrepl process (docs/operations.md §Exit codes).
 
 Owns: the one table of process exit codes, shared by every command: `vrepl node`, `status`,
-`demo`, `bench`, `wal`, `validate`, `restore`, `replay`, `ship` and `ship-owner`, and `vrepl-arbitrator`. A code
+`demo`, `bench`, `wal`, `validate`, `restore`, `replay`, `ship` and `ship-owner`, `txn`, and `vrepl-arbitrator`. A code
 means the same kind of outcome everywhere; each command's --help says which it uses.
 Must not: import anything, or change a value (operators' scripts and systemd units test them).
 """

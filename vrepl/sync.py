@@ -4,7 +4,8 @@ Owns: the sync instance a vnode starts for each vgroup: its life (start, stop, a
 error), the app-facing calls of the seed (syncForwardToPeer, syncAckForward, recover,
 reconfig, status) and the wiring of the pieces: a `Driver` (vrepl/driver/, the one place
 where the replica's actions run) over the production ports — the peer and arbitrator links
-(vrepl/transport/peers.py), the WAL thread and promise file (vrepl/transport/storage.py),
+(vrepl/transport/peers.py), the WAL store and promise file (vrepl/transport/storage.py, its
+jobs on the process's WAL thread, vrepl/transport/walflush.py),
 the app's callbacks (vrepl/instance/app.py), the restore sessions (vrepl/restore/sessions.py)
 and the tick clock (vrepl/transport/loop.py) — on the process's shared I/O thread.
 
@@ -38,6 +39,7 @@ from vrepl.restore.limiter import RestoreLimiter
 from vrepl.restore.sessions import RestoreSessions
 from vrepl.transport.loop import IoLoop, TickTimer
 from vrepl.transport.peers import PeerLinks
+from vrepl.transport import walflush
 from vrepl.transport.storage import DiskState, LoopStorage
 from vrepl.replica.invariant import invariant
 
@@ -121,8 +123,7 @@ class SyncInstance:
             cfg.data_path, post=self._post, fail=self._fail,
             run_in_executor=lambda fn, *args: self.loop.run_in_executor(None, fn, *args),  # type: ignore[union-attr]
             inline_sync_max_bytes=cfg.max_wal_inline_sync_bytes, max_record_bytes=cfg.max_record_bytes,
-            max_file_bytes=cfg.max_wal_file_bytes, on_group_commit=self.observers.wal_fsync_s,
-            name=f"vrepl-wal-vg{cfg.vgroup_id}")
+            max_file_bytes=cfg.max_wal_file_bytes, on_group_commit=self.observers.wal_fsync_s)
         os.makedirs(cfg.data_path, exist_ok=True)
         try:
             disk = storage.store.open()
@@ -421,6 +422,8 @@ class SyncInstance:
 
         if self.io is not None and self.io.in_loop():
             loop.call_soon(run)
+            return
+        if walflush.collect(loop, run):   # the WAL thread: one hand-off per round, in order
             return
         try:
             loop.call_soon_threadsafe(run)

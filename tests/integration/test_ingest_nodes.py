@@ -203,20 +203,20 @@ def _stopped(pid: int) -> bool:
         return False
 
 
-def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
-    """The master's only copy of the round vanishes right after it was staged (a pause
-    point freezes the master there): no slave can stage the files, so none acknowledges the
-    record; the producer's request and a client write after it time out with an unknown
-    outcome. When the files are back, the slaves fetch them, acknowledge, and the round
-    and the write go through on every replica."""
+def ingest_with_the_round_hidden(cluster, monkeypatch, write_timeout_ms: int):
+    """A cluster whose master is frozen (a pause point) right after staging a round; its
+    staged copy, the only one, is moved away before it goes on. (cluster, the producer's
+    thread, its answer {"r": (code, doc)} once it has one, a function that puts the copy
+    back)."""
     monkeypatch.setenv("VREPL_KILLPOINT", "ingest.master.after_stage:stop")
-    c = cluster(http={"write_timeout_ms": 3000})
+    c = cluster(http={"write_timeout_ms": write_timeout_ms})
     monkeypatch.delenv("VREPL_KILLPOINT")
     m = c.master()
     pid = c.nodes[m].proc.pid
     files = place_round(c, m, ROUND)
     answer: dict = {}
-    t = threading.Thread(target=lambda: answer.update(r=post_ingest(c, m, files)))
+    t = threading.Thread(target=lambda: answer.update(
+        r=post_ingest(c, m, files, timeout_s=write_timeout_ms / 1000 + 20)))
     t.start()
     c.wait_for("master paused after staging", lambda: _stopped(pid), 20, 0.005)
     staged = os.path.join(vg_path(c, m), "ingest", "staged")
@@ -224,6 +224,17 @@ def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
     hidden = os.path.join(c.base_dir, "hidden-round")
     shutil.move(os.path.join(staged, rnd), hidden)
     os.kill(pid, signal.SIGCONT)
+    return c, t, answer, lambda: shutil.move(hidden, os.path.join(staged, rnd))
+
+
+def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
+    """The master's only copy of the round vanishes right after it was staged (a pause
+    point freezes the master there): no slave can stage the files, so none acknowledges the
+    record; the producer's request and a client write after it time out with an unknown
+    outcome. When the files are back, the slaves fetch them, acknowledge, and the round
+    and the write go through on every replica."""
+    c, t, answer, put_back = ingest_with_the_round_hidden(cluster, monkeypatch, 3000)
+    m = c.master()
     t.join(30)
     code, doc = answer["r"]
     assert code == 504 and doc["code"] == "timeout" and doc["outcome"] == "unknown", doc
@@ -235,7 +246,9 @@ def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
                                 json.dumps([["ing", 99_999, {"x": 1, "tag": "w"}]]).encode())
     finally:
         cl.close()
-    assert code == 504 and wdoc["version"] == version + 1
+    # Above the round's version (and the no-ops the master forwarded while the producer
+    # waited: the round commits with the next record a quorum confirms).
+    assert code == 504 and wdoc["version"] > version
     for nid in c.nodes:
         st = ingest_status(c, nid)
         assert st["unstaged_rounds"] == 1, (nid, st)      # the master lost its copy too
@@ -245,11 +258,27 @@ def test_a_slave_that_cannot_fetch_does_not_ack(cluster, monkeypatch):
         assert [r[0] for r in got_rows(c, nid)] == [99_999]
     # The files come back: the replicas stage them, acknowledge, and everything commits
     # (the master forwards a no-op now and then until the timed-out round is committed).
-    shutil.move(hidden, os.path.join(staged, rnd))
-    want = [r[:2] + r[3:] for r in expected_rows(ROUND)] + [(99_999, version + 1, 1, "w")]
+    put_back()
+    want = [r[:2] + r[3:] for r in expected_rows(ROUND)] + [(99_999, wdoc["version"], 1, "w")]
     for nid in c.nodes:
         c.wait_for(f"n{nid} converges",
                    lambda nid=nid: [r[:2] + r[3:] for r in got_rows(c, nid)] == want
                    and ingest_status(c, nid)["pending_rounds"] == 0, 30, 0.1)
         assert staging_leftovers(c, nid) == []
         assert len(archived_round_files(c, nid)) == 2
+
+
+def test_a_round_whose_files_come_late_commits_within_the_producers_wait(cluster, monkeypatch):
+    """The slaves cannot fetch the round's files for longer than the sync layer's forward
+    timeout (2 s: the master's staged copy is away for 3.5 s), but less than the producer's
+    wait (write_timeout_ms 20 s): the round is not given up as of unknown outcome; the
+    master keeps a no-op in flight, and the producer gets 200 once the slaves staged it."""
+    c, t, answer, put_back = ingest_with_the_round_hidden(cluster, monkeypatch, 20_000)
+    t.join(3.5)
+    assert t.is_alive() and "r" not in answer      # past the forward timeout: still waiting
+    put_back()
+    t.join(30)
+    code, doc = answer["r"]
+    assert code == 200, doc
+    assert doc["files"] == 2
+    wait_round_everywhere(c, ROUND)

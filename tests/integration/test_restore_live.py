@@ -162,11 +162,11 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
             m.wait_confirmed(last)
         m.flush()
         wait_for("the WAL recycled below the flush", lambda: m.inst.wal_first_version() > 1)
-        real_send = S.Sender._send_file
+        real_send = S.DiskSource.send_file
         fired = []
 
-        def send_then_flush(self, stream, index, path, name, size):
-            real_send(self, stream, index, path, name, size)
+        def send_then_flush(self, io, index, name, size):
+            real_send(self, io, index, name, size)
             if not fired:
                 fired.append(name)
                 # A flush rewrites the file just sent (same table and time bucket).
@@ -174,7 +174,7 @@ def test_file_rewritten_mid_restore_restarts_and_succeeds(tmp_path, monkeypatch)
                 m.wait_confirmed(v)
                 m.flush()
 
-        monkeypatch.setattr(S.Sender, "_send_file", send_then_flush)
+        monkeypatch.setattr(S.DiskSource, "send_file", send_then_flush)
         back = VnodeApp(cfgs[down], restore=rc).start()
         apps[down] = back
         wait_for("restored slave after a restart",

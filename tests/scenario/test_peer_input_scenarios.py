@@ -169,3 +169,20 @@ def test_truncate_below_the_commit_version_is_refused_at_error_not_an_invariant(
     ]
     assert not any(a.describe().startswith("truncate_wal_after") for a in acts)
     assert (f.role, f.last_version, f.commit_version, f.truncating_to) == (Role.UNSYNCED, 10, 6, None)
+
+
+def test_a_cached_forward_that_the_stream_appends_after_a_rebase_leaves_no_cache_entry():
+    """Simulator finding 6 (docs/simulation.md): a live forward v9 came during the restore
+    (cached: ahead of the log); the files phase rebased the log on v8 (which keeps v9
+    cached); the restore's WAL stream then appends v9 itself. The cached copy must go with
+    it: a non-empty sync cache kept the follower syncing after the restore until it resynced."""
+    m, f = master_and_follower()
+    e = start_restore(m, f)
+    f.step(Received(1, Forward(e, 9, 1, 1, b"r9")))  # live, ahead of the log: cached
+    f.step(LogRebased(1, 8, ((1, 1),)))
+    assert f.last_version == 8
+    f.step(RestoredRecords(1, ForwardBatch(e, 9, 1, (1, 1), (b"r9", b"r10"))))
+    assert f.last_version == 10
+    f.step(WalPersisted(10))
+    f.step(RestoreEnded(1, True, ""))
+    assert f.role == Role.SLAVE

@@ -92,3 +92,17 @@ def test_a_replica_never_starts_without_the_epoch_history_of_its_wal():
     opts = make_options("harsh", replicas=3)
     bad = [r for r in (run_seed(s, opts, "harsh") for s in range(40)) if not r.ok]
     assert not bad, "\n\n".join(r.report() for r in bad[:2])
+
+
+@pytest.mark.slow
+def test_a_forward_appended_from_the_stream_leaves_no_stale_sync_cache_entry():
+    """Finding 6 (fixed: Follower._append pops a cached copy of what it appends; the exact
+    case is tests/scenario/test_peer_input_scenarios.py): n0 cached the live forward v305 before its SyncStart; the restore's WAL
+    stream appended v305 (Follower._take_forward appends v = last + 1 but leaves a cached copy
+    of v; _drain_cache pops only last + 1 on), so len(cache) stays 1 and update_role keeps
+    it syncing: recovery takes 421 ticks instead of 32 (with the cached copy popped on
+    append). The seed is a schedule of the campaign of 2026-11-24 (it moves when the
+    simulator's or the core's messages change)."""
+    r = run_seed(500030, make_options("default", replicas=3), "default")
+    assert r.ok, r.report()
+    assert r.stats.recovery_ticks < 150, f"recovered in {r.stats.recovery_ticks} ticks"

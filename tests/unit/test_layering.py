@@ -25,11 +25,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("process", ("vrepl.node", "arbitrator")),      # the node and arbitrator processes
     ("sync", ("vrepl.sync", "vrepl.spark")),        # the embedding API; the validation job
     ("edge", ("vrepl.transport", "vrepl.restore", "vrepl.vnode", "vrepl.config",
-              "vrepl.client", "vrepl.ship")),               # sockets, restore, the vnode, settings
+              "vrepl.client", "vrepl.client_txn", "vrepl.ship")),               # sockets, restore, the vnode, settings
     ("driver", ("vrepl.driver", "vrepl.instance",   # executes a replica's actions on its ports
                 "vrepl.transport.codec")),          # the wire codec: bytes <-> messages, no I/O
     ("wal", ("vrepl.wal",)),                        # the log: written by the sync, read by all
-    ("replica", ("vrepl.replica",)),                # events in, actions out
+    ("replica", ("vrepl.replica", "vrepl.txn")),    # events in, actions out (txn: records in)
     ("core", ("vrepl._core",)),                     # Cython, no I/O
     ("base", ("vrepl", "vrepl.errors", "vrepl.exitcodes", "vrepl.untrusted", "vrepl.child",
               "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed", "vrepl.killpoints")),  # leaves

@@ -15,7 +15,7 @@ import ipaddress
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from vrepl.client import read_token_file
@@ -26,6 +26,7 @@ from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS
 from vrepl.node.http import server_ssl_context
 from vrepl.renamed import use_new_names
 from vrepl.restore.config import RestoreConfig, restore_config_invalid
+from vrepl.txn.config import TxnConfig, txn_config_invalid
 from vrepl.vnode.config import RENAMED_VNODE_SETTINGS, VnodeConfig
 from vrepl.vnode.config import config_invalid as vnode_config_invalid
 
@@ -128,6 +129,7 @@ class NodeConfig:
     flush_check_ms: int = 1000
     stop_timeout_ms: int = 5000
     ship_senders: dict[int, ShipSenderConfig] = field(default_factory=dict)
+    txn: TxnConfig = field(default_factory=TxnConfig)   # [txn]: docs/transactions.md §8
 
     @property
     def me(self) -> NodeAddress:
@@ -203,7 +205,7 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
     base_dir = os.path.dirname(os.path.abspath(path))
     _unknown(doc, {"node_id", "data_dir", "secret", "secret_file", "log_level", "log_file",
                    "log_format", "flush_check_ms", "stop_timeout_ms", "http", "nodes", "vgroups",
-                   "vnode", "sync", "restore", "ship"}, "")
+                   "vnode", "sync", "restore", "ship", "txn"}, "")
     if "node_id" not in doc:
         raise ConfigError("node_id is missing")
     node_id = _get(doc, "node_id", int, None, "")
@@ -369,11 +371,12 @@ def parse_config(doc: dict[str, Any], path: str = "node.toml") -> NodeConfig:
             raise ConfigError(_name_as_given(str(exc), sync_given_as)) from None
     rcfg = _restore_settings(doc.get("restore", {}))
     ship_senders = _ship_settings(doc.get("ship", {}), base_dir, {v.id for v in vgroups})
+    tcfg = _txn_settings(doc.get("txn", {}))
     cfg = NodeConfig(path=path, node_id=node_id, data_dir=data_dir, secret=secret, nodes=nodes,
                      vgroups=tuple(vgroups), http=http, vnode=vcfg, sync=svals, restore=rcfg,
                      log_level=log_level, log_file=log_file, log_format=log_format,
                      flush_check_ms=flush_check_ms,
-                     stop_timeout_ms=stop_timeout_ms, ship_senders=ship_senders)
+                     stop_timeout_ms=stop_timeout_ms, ship_senders=ship_senders, txn=tcfg)
     for spec in cfg.vgroups:
         reason = sync_config_invalid(cfg.sync_config(spec))
         if reason:
@@ -458,6 +461,18 @@ def _restore_settings(table: Any) -> RestoreConfig:
     reason = restore_config_invalid(cfg)
     if reason:
         raise ConfigError(reason)
+    return cfg
+
+
+def _txn_settings(table: Any) -> TxnConfig:
+    """[txn]: limits of the transactional load (docs/operations.md §[txn])."""
+    if not isinstance(table, dict):
+        raise ConfigError("[txn] must be a table")
+    _unknown(table, {f.name for f in fields(TxnConfig)}, "txn.")
+    cfg = TxnConfig(**{name: _get(table, name, int, None, "txn.") for name in table})
+    reason = txn_config_invalid(cfg)
+    if reason:
+        raise ConfigError(f"txn.{reason}")
     return cfg
 
 

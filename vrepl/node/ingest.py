@@ -34,6 +34,12 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
 
     IngestFile(name: str, table: str, origin: str = "", size: int | None = None,
                crc32c: int | None = None)
+    IngestRemove(name: str, size: int, crc32c: int)
+        `remove=` of ingest() (Rounds.ingest, `host.rounds.ingest`): an ingested file of the
+        archive (its name there, `data/<table>/b<bucket>-i<version>-<k>.parquet`, size and
+        magic as the manifest names it) that the same record removes, at the same flush
+        point as its adds (record version 2, docs/vnode.md §9.2). A round adds 0..1000 and
+        removes 0..1000 files, at least one in all.
         `name`: relative to staging_dir(), '/'-separated components of [A-Za-z0-9_.-]
         (not starting with '.'), at most 255 bytes; `table`: the table its rows belong to;
         `origin`: who wrote the rows (printable, at most 128 bytes): their `_version` and
@@ -42,11 +48,12 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
     kind: `[a-z][a-z0-9_.-]{0,31}` (e.g. "ship", "load"); meta: a JSON object of at most
         64 KiB, opaque to vrepl, stored in the record (a ship round id, a transaction id).
 
-Owns, besides the API: the slave's side of a round (stage the files a record names: from
-its own incoming/ when a producer put the same bytes there, else fetched from a replica
-that has them over a FETCH connection; ack the record only once they are durable, in
-version order), serving FETCH connections from the other replicas, and the kill points of
-the ingest path (vrepl/killpoints.py).
+Owns, besides the API (its types and the master's checks are in vrepl/node/ingestcheck.py,
+re-exported here): the replica's bookkeeping of a round (a staging job per round whose files
+are missing here, run on the ingest executor by `Fetcher`, vrepl/node/ingestfetch.py, which
+also serves FETCH connections; ack the record only once its files are durable, in version
+order), the master's wait for a timed-out round and its nudges, and the master's kill
+points of the ingest path (vrepl/killpoints.py).
 Must not: block the I/O thread on disk or sockets (checks, moves and fetches run on the
 ingest executor), write the WAL, or touch the archive (the vnode applies a round, at a
 flush, once its version is committed: vrepl/vnode/staging.py, vnode.py).
@@ -55,31 +62,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import errno
 import functools
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
-from vrepl._core import crc32c as _crc
-from vrepl.config import parse_endpoint
-from vrepl.errors import FetchFailed, FrameError, IngestError, IngestFileError
+from vrepl.errors import IngestError, IngestFileError
 from vrepl.killpoints import killpoint, register
+from vrepl.node.ingestcheck import IngestFile, IngestResult, archived_key, check_files, pending_names, request_invalid
+from vrepl.node.ingestfetch import Fetcher, IngestHost, OfHost, StagingJob
 from vrepl.replica import ConfirmStatus
-from vrepl.restore import protocol as P
-from vrepl.restore.errors import PeerError, RestoreError
-from vrepl.restore.stream import SyncStream, connect_sync
-from vrepl.node.config import NodeConfig, VgroupSpec
-from vrepl.sync import FlowControlError, NotRunningError, SyncInstance
-from vrepl.transport.codec import ConnKind
+from vrepl.restore.stream import SyncStream
+from vrepl.sync import FlowControlError, NotRunningError
 from vrepl.untrusted import printable
-from vrepl.vnode import Vnode
 from vrepl.vnode import staging as S
 from vrepl.vnode.errors import VnodeError
-from vrepl.vnode.rows import NOOP_PAYLOAD, TABLE_NAME_RE
-
+from vrepl.vnode.rows import NOOP_PAYLOAD
+from vrepl.vnode.staging import IngestRemove
 
 log = logging.getLogger("vrepl.node")
 
@@ -96,63 +98,11 @@ KP_MASTER_FORWARDED = register("ingest.master.after_forward",
 KP_MASTER_CONFIRMED = register("ingest.master.after_confirm",
                                "master: the record is committed (confirmed by a quorum); the"
                                " producer has no answer yet")
-KP_FETCH_RECEIVED = register("ingest.fetch.after_receive",
-                             "a replica fetching a file: its bytes are in a .part file,"
-                             " checked, not fsynced or renamed")
-KP_SLAVE_STAGED = register("ingest.slave.after_stage",
-                           "a replica: every file of the round is staged; the record is not"
-                           " acknowledged yet")
 KP_SLAVE_ACKED = register("ingest.slave.after_ack",
                           "a replica: the record is acknowledged after its files were staged")
 
 RETRY_MAX_MS = 10_000           # a failed staging job is retried, backing off up to this
-
-
-@dataclass(frozen=True)
-class IngestFile:
-    """One file of a round, as the producer names it (see the module doc)."""
-
-    name: str
-    table: str
-    origin: str = ""
-    size: int | None = None
-    crc32c: int | None = None
-
-
-class IngestResult(NamedTuple):
-    version: int         # the version of the round's record
-    epoch: int           # its epoch (this master's)
-    rows: int            # rows in the round's files
-    files: int
-    applied: bool        # archived on this node already (rows visible in queries here)
-
-
-def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any) -> str | None:
-    """Why a round's arguments are refused before any file is read, or None."""
-    if type(kind) is not str or S.KIND_RE.fullmatch(kind) is None:
-        return f"kind {str(kind)[:40]!r} does not match {S.KIND_RULE}"
-    reason = S.meta_invalid(meta)
-    if reason is not None:
-        return reason
-    if not 1 <= len(files) <= S.MAX_ROUND_FILES:
-        return f"a round names 1..{S.MAX_ROUND_FILES} files, got {len(files)}"
-    seen: set[str] = set()
-    for f in files:
-        if not isinstance(f, IngestFile):
-            return f"{f!r} is not an IngestFile"
-        reason = S.name_invalid(f.name) or S.origin_invalid(f.origin)
-        if reason is None and (type(f.table) is not str or TABLE_NAME_RE.fullmatch(f.table) is None):
-            reason = f"{f.name}: table {str(f.table)[:80]!r} is not a table name"
-        for what in ("size", "crc32c"):
-            v = getattr(f, what)
-            if reason is None and v is not None and (type(v) is not int or v < 0 or v > 2**64):
-                reason = f"{f.name}: {what} {v!r} is not a non-negative integer"
-        if reason is None and f.name in seen:
-            reason = f"{f.name} is named twice"
-        if reason is not None:
-            return reason
-        seen.add(f.name)
-    return None
+COMMIT_POLL_S = 0.02            # a timed-out round's producer checks the commit index this often
 
 
 @dataclass
@@ -164,51 +114,8 @@ class _Forwarded:
     future: asyncio.Future
 
 
-class _Job:
-    """Staging the missing files of one round on this replica (executor thread)."""
 
-    def __init__(self, version: int, record: S.IngestRecord) -> None:
-        self.version = version
-        self.record = record
-        self.cancelled = False
-        self.attempts = 0
-        self.stream: SyncStream | None = None       # the fetch in progress (closed to cancel)
-        self.timer: asyncio.TimerHandle | None = None
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self.timer is not None:
-            self.timer.cancel()
-        stream = self.stream
-        if stream is not None:
-            stream.close()
-
-
-class IngestHost(Protocol):
-    """What Rounds needs of its VgroupHost (vrepl/node/vgroup.py, which owns a Rounds: not
-    imported here, so the two modules do not import each other)."""
-
-    id: int
-    node_id: int
-    path: str
-    node_cfg: NodeConfig
-    spec: VgroupSpec
-    vnode: Vnode | None
-    sync: SyncInstance | None
-    loop: asyncio.AbstractEventLoop | None
-    state: str
-    role: str
-    epoch: int
-    master: int | None
-    next_version: int
-    stopping: bool
-
-    def _role_now(self) -> tuple[str, int | None]: ...
-
-    def _maybe_flush(self) -> None: ...
-
-
-class Rounds:
+class Rounds(OfHost):
     """The ingest side of one VgroupHost: the master API, staging a round's files on every
     replica, acking in version order, and serving fetches (see the module doc). Runs on the
     I/O thread except where a method says otherwise."""
@@ -218,7 +125,7 @@ class Rounds:
         self.forwarded: dict[int, _Forwarded] = {}      # master: version -> outcome awaited
         self.noops: dict[int, int] = {}                 # master: nudge no-ops -> epoch
         self._nudging: asyncio.TimerHandle | None = None
-        self.jobs: dict[int, _Job] = {}                 # version -> staging job
+        self.jobs: dict[int, StagingJob] = {}                 # version -> staging job
         self.applied_waiters: dict[int, list[asyncio.Future]] = {}
         self.counters = dict.fromkeys(("rounds_ingested", "rounds_refused", "rounds_unknown",
                                        "rounds_staged", "files_from_incoming",
@@ -227,6 +134,7 @@ class Rounds:
         self._stopped = False
         self._lock = threading.Lock()                   # counters touched by fetch threads
         self._in_flight: set[str] = set()               # master: names of rounds being ingested
+        self.fetcher = Fetcher(host, self._count)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -237,14 +145,6 @@ class Rounds:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 2, thread_name_prefix=f"vrepl-ingest-vg{self.host.id}")
         return self._pool
-
-    @property
-    def path(self) -> str:
-        return self.host.path
-
-    @property
-    def fsync(self) -> bool:
-        return self.host.node_cfg.vnode.fsync
 
     # -- the master API -------------------------------------------------------------------------
     def staging_dir(self) -> str:
@@ -273,11 +173,12 @@ class Rounds:
             raise err
 
     async def ingest(self, files: Sequence[IngestFile], kind: str,
-                     meta: Mapping[str, Any] | None = None) -> IngestResult:
+                     meta: Mapping[str, Any] | None = None,
+                     remove: Sequence[IngestRemove] = ()) -> IngestResult:
         self._check_refusal()
         files = list(files)
         meta = {} if meta is None else dict(meta)
-        reason = request_invalid(files, kind, meta)
+        reason = request_invalid(files, kind, meta, remove)
         if reason is not None:
             self._count("rounds_refused")
             raise IngestFileError(reason)
@@ -288,25 +189,29 @@ class Rounds:
         names = {f.name for f in files}
         self._in_flight |= names
         try:
-            return await self._ingest(files, kind, meta)
+            return await self._ingest(files, kind, meta, tuple(remove))
         finally:
             self._in_flight -= names
 
-    async def _ingest(self, files: list[IngestFile], kind: str,
-                      meta: dict[str, Any]) -> IngestResult:
+    async def _ingest(self, files: list[IngestFile], kind: str, meta: dict[str, Any],
+                      remove: tuple[IngestRemove, ...] = ()) -> IngestResult:
         host = self.host
         vnode, loop = host.vnode, host.loop
         if vnode is None or loop is None:       # closed by a stop or a self-restore meanwhile
             raise IngestError("not_running", f"vg{host.id}: this node is not serving the vgroup")
+        t_start = time.monotonic()
         try:
-            entries, sources = await loop.run_in_executor(self.pool(), self._check_files, files,
-                                                          vnode.schemas)
+            entries, sources = await loop.run_in_executor(self.pool(), check_files, self.path, files,
+                                                          host.node_cfg.vnode, vnode.schemas)
         except IngestError:     # a file missing, of another size or checksum, not Parquet
             self._count("rounds_refused")
             raise
-        rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries))
-        reason = S.round_invalid(entries)
+        rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries), remove)
+        reason = S.round_invalid(entries, len(remove))
         self._check_refusal()
+        if reason is None and remove:
+            reason = S.removes_invalid(remove, functools.partial(archived_key, vnode),
+                                       pending_names(vnode))
         if reason is None:
             reason = vnode.reserve_columns(rec)
         payload = S.encode_ingest_payload(rec)
@@ -317,6 +222,7 @@ class Rounds:
             self._count("rounds_refused")
             raise IngestFileError(reason)
         killpoint(KP_MASTER_CHECKED)
+        t_checked = time.monotonic()
         try:
             await loop.run_in_executor(self.pool(), S.stage_round, self.path, rec, sources,
                                        self.fsync)
@@ -326,6 +232,7 @@ class Rounds:
             raise IngestFileError(f"cannot stage the round: {exc.strerror or exc}:"
                                   f" {printable(str(exc.filename or ''))}") from None
         killpoint(KP_MASTER_STAGED)
+        t_staged = time.monotonic()
         version = host.next_version
         err = self._refusal()
         if err is None:
@@ -348,10 +255,13 @@ class Rounds:
                  host.node_id, rec.round, kind, len(rec.files), rec.rows, version,
                  extra={"event": "ingest_round", "round": rec.round, "version": version})
         timeout_s = host.node_cfg.http.write_timeout_ms / 1000
+        deadline = loop.time() + timeout_s
         try:
             status = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except asyncio.TimeoutError:
             status = ConfirmStatus.TIMED_OUT
+        if status == ConfirmStatus.TIMED_OUT:
+            status = await self._await_commit(version, epoch, deadline)
         if status == ConfirmStatus.NOT_MASTER:
             # Refused by the core: never in the log. The files go back to the producer.
             await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
@@ -371,26 +281,16 @@ class Rounds:
                               version=version)
         killpoint(KP_MASTER_CONFIRMED)
         self._count("rounds_ingested")
+        t_committed = time.monotonic()
         applied = await self._wait_applied(version, timeout_s)
+        t_end = time.monotonic()
+        # Where a round's time goes (docs/benchmarks.md §ship reads these).
+        log.info("vg%d n%d: round %s at v%d: %d files checked in %.3f s, staged in %.3f s,"
+                 " committed in %.3f s, %s in %.3f s", host.id, host.node_id, rec.round,
+                 version, len(rec.files), t_checked - t_start, t_staged - t_checked,
+                 t_committed - t_staged, "applied" if applied else "not applied",
+                 t_end - t_committed, extra={"event": "ingest_round_done", "version": version})
         return IngestResult(version, epoch, rec.rows, len(rec.files), applied)
-
-    def _check_files(self, files: list[IngestFile], schemas: dict[str, dict[str, str]]
-                     ) -> tuple[list[S.IngestEntry], list[str]]:
-        """(ingest executor) Check every file; IngestFileError naming the first bad one."""
-        cfg = self.host.node_cfg.vnode
-        entries, sources = [], []
-        for f in files:
-            try:
-                full = S.confined_incoming(self.path, f.name)
-            except ValueError as exc:
-                raise IngestFileError(str(exc)) from None
-            reason, entry = S.check_file(full, f.name, f.table, f.origin, cfg, schemas,
-                                         f.size, f.crc32c)
-            if reason is not None or entry is None:
-                raise IngestFileError(reason or f"{f.name}: not checked")
-            entries.append(entry)
-            sources.append(full)
-        return entries, sources
 
     def _unstage(self, rec: S.IngestRecord, sources: list[str]) -> None:
         """(ingest executor) A round refused after staging: its files go back where the
@@ -441,16 +341,43 @@ class Rounds:
             if self._stopped or host.stopping or host.state != "serving" or sync is None \
                     or host.role != "master" or sync.committed_version >= version:
                 return
-            v = host.next_version
-            try:
-                sync.forward(v, NOOP_PAYLOAD)
-            except (FlowControlError, NotRunningError):
-                pass
-            else:
-                host.next_version = v + 1
-                self.noops[v] = host.epoch
+            self._forward_noop()
             self._nudge(version, min(delay_ms * 2, RETRY_MAX_MS))
         self._nudging = host.loop.call_later(delay_ms / 1000, run)  # type: ignore[union-attr]
+
+    def _forward_noop(self) -> None:
+        """(master) Forward a no-op: once a quorum confirms it, every record below it is
+        committed (docs/design.md §4.4)."""
+        host = self.host
+        v = host.next_version
+        try:
+            host.sync.forward(v, NOOP_PAYLOAD)  # type: ignore[union-attr]
+        except (FlowControlError, NotRunningError):
+            return
+        host.next_version = v + 1
+        self.noops[v] = host.epoch
+
+    async def _await_commit(self, version: int, epoch: int, deadline: float) -> ConfirmStatus:
+        """(master) The sync layer timed the round's record out: its forward timeout (2 s by
+        default) is shorter than a producer's wait, and the replicas may still be fetching
+        the files (they acknowledge nothing before). The record is in the log and commits
+        with the next record a quorum confirms, so until `deadline` keep one no-op in flight
+        at a time: OK once the commit index reaches `version` in this mastership (the
+        replicas staged the files), FAILED if this node stepped down, TIMED_OUT at the
+        deadline."""
+        host = self.host
+        loop = host.loop
+        while loop.time() < deadline:  # type: ignore[union-attr]
+            sync = host.sync
+            if self._stopped or host.stopping or sync is None or host.role != "master" \
+                    or host.epoch != epoch:
+                return ConfirmStatus.FAILED
+            if sync.committed_version >= version:
+                return ConfirmStatus.OK
+            if not self.noops:
+                self._forward_noop()
+            await asyncio.sleep(COMMIT_POLL_S)
+        return ConfirmStatus.TIMED_OUT
 
     def confirm(self, version: int, status: ConfirmStatus, apply: bool) -> bool:
         """(I/O thread, from VgroupHost._confirm, in version order) The outcome of a round's
@@ -501,7 +428,7 @@ class Rounds:
             return
         if job is not None:
             job.cancel()
-        job = self.jobs[version] = _Job(version, p.record)
+        job = self.jobs[version] = StagingJob(version, p.record)
         self._submit(job)
 
     def resume(self) -> None:
@@ -525,14 +452,15 @@ class Rounds:
         for v in [v for v in self.jobs if v > version]:
             self.jobs.pop(v).cancel()
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: StagingJob) -> None:
         if job.cancelled or self._stopped:
             return
         job.timer = None
-        fut = self.host.loop.run_in_executor(self.pool(), self._stage_job, job)  # type: ignore[union-attr]
+        job.started = time.monotonic()
+        fut = self.host.loop.run_in_executor(self.pool(), self.fetcher.stage_job, job)  # type: ignore[union-attr]
         fut.add_done_callback(functools.partial(self._job_done, job))
 
-    def _job_done(self, job: _Job, fut: asyncio.Future) -> None:
+    def _job_done(self, job: StagingJob, fut: asyncio.Future) -> None:
         if job.cancelled or self._stopped or self.jobs.get(job.version) is not job:
             return
         exc = fut.exception()
@@ -551,7 +479,7 @@ class Rounds:
                     extra={"event": "ingest_fetch_failed", "version": job.version})
         job.timer = host.loop.call_later(delay_ms / 1000, self._submit, job)  # type: ignore[union-attr]
 
-    def _staged(self, job: _Job) -> None:
+    def _staged(self, job: StagingJob) -> None:
         """(I/O thread) Every file of the round is staged here: ack up to the next round
         that is not, and let a flush apply it once it is committed."""
         host = self.host
@@ -559,8 +487,10 @@ class Rounds:
         if vnode is None or not vnode.ingest_staged(job.version):
             return
         self._count("rounds_staged")
-        log.info("vg%d n%d: round %s at v%d staged", host.id, host.node_id, job.record.round,
-                 job.version, extra={"event": "ingest_staged", "version": job.version})
+        log.info("vg%d n%d: round %s at v%d staged (%d files) in %.3f s", host.id, host.node_id,
+                 job.record.round, job.version, len(job.record.files),
+                 time.monotonic() - job.started,
+                 extra={"event": "ingest_staged", "version": job.version})
         if sync is not None and host.state == "serving" and host.role != "master":
             bound = self.ack_bound(vnode.get_version())
             if bound >= job.version:
@@ -568,183 +498,9 @@ class Rounds:
                 killpoint(KP_SLAVE_ACKED)
         host._maybe_flush()
 
-    def _stage_job(self, job: _Job) -> None:
-        """(ingest executor) Stage every missing file of the round: from incoming/ when a
-        producer put the same bytes there, else fetched from another replica."""
-        rec = job.record
-        missing = S.missing_staged(self.path, rec)
-        for k in list(missing):
-            if job.cancelled:
-                return
-            if self._from_incoming(rec, k):
-                missing.remove(k)
-        if missing:
-            self._fetch(job, missing)
-        killpoint(KP_SLAVE_STAGED)
-
-    def _from_incoming(self, rec: S.IngestRecord, k: int) -> bool:
-        f = rec.files[k]
-        try:
-            full = S.confined_incoming(self.path, f.name)
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except (ValueError, OSError):
-            return False
-        try:
-            if os.fstat(fd).st_size != f.size or S.file_crc_magic(fd) != (f.size, f.crc32c):
-                return False
-        finally:
-            os.close(fd)
-        S.stage_file(full, self.path, rec.round, k, self.fsync)
-        self._count("files_from_incoming")
-        return True
-
-    def _sources(self) -> list[int]:
-        """Replicas to fetch from: the master this node follows first, then the others."""
-        host = self.host
-        others = [n for n in host.spec.replicas if n != host.node_id and n in host.node_cfg.nodes]
-        master = host.master
-        return ([master] if master in others else []) + [n for n in others if n != master]
-
-    def _fetch(self, job: _Job, missing: list[int]) -> None:
-        """(ingest executor) Fetch files `missing` of the round over FETCH connections, one
-        per source; FetchFailed when some are still missing after every source."""
-        host = self.host
-        rc = host.node_cfg.restore
-        errors = []
-        for node in self._sources():
-            if job.cancelled or not missing:
-                break
-            where = host.node_cfg.nodes[node].replication_endpoint
-            h, p = parse_endpoint(where)
-            try:
-                stream = connect_sync(h, p, secret=host.node_cfg.secret, kind=ConnKind.FETCH,
-                                      vgroup_id=host.id, node=host.node_id, target_node=node,
-                                      timeout_s=rc.connect_timeout_s, io_timeout_s=rc.io_timeout_s)
-            except (PeerError, OSError) as exc:
-                errors.append(f"n{node}: {exc}")
-                continue
-            job.stream = stream
-            try:
-                for k in list(missing):
-                    if job.cancelled:
-                        return
-                    got = self._fetch_one(stream, job, k)
-                    if got is None:
-                        missing.remove(k)
-                        self._count("files_fetched")
-                    else:
-                        errors.append(f"n{node}: {got}")
-            except (PeerError, RestoreError, FrameError, OSError) as exc:
-                errors.append(f"n{node}: {exc}")
-            finally:
-                job.stream = None
-                stream.close()
-        if missing and not job.cancelled:
-            raise FetchFailed(f"files {missing} of round {job.record.round}: "
-                              + ("; ".join(errors) or "no other replica to fetch from"))
-
-    def _fetch_one(self, stream: SyncStream, job: _Job, k: int) -> str | None:
-        """Ask for file k; None once it is staged, else why this source cannot give it."""
-        rec, version = job.record, job.version
-        f = rec.files[k]
-        stream.send(P.FetchRequest(version, k, f.size, f.crc32c, f.bucket, rec.round, f.table))
-        info = stream.recv()
-        if type(info) is not P.FileInfo or info.index != k:
-            raise PeerError(f"expected file_info #{k}, got {info.describe()}")
-        if info.magic == 0:
-            return f"has no file {k} of the round"
-        if (info.size, info.magic) != (f.size, f.crc32c):
-            raise PeerError(f"announces file {k} with {info.size} bytes, magic {info.magic:#x}")
-        data = stream.recv()
-        if type(data) is not P.FileData or data.index != k or data.size != f.size:
-            raise PeerError(f"expected file_data #{k} of {f.size} bytes, got {data.describe()}")
-        final = S.abspath(self.path, rec.staged_name(k))
-        part = final + S.PART_SUFFIX
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        st = os.statvfs(os.path.dirname(final))
-        if st.f_bavail * st.f_frsize < f.size:
-            raise RestoreError(f"not enough disk space for file {k} ({f.size} bytes)")
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-        crc = 0
-        ok = False
-        try:
-            def take(view: memoryview) -> None:
-                nonlocal crc
-                crc = _crc.crc32c(view, crc)
-                off = 0
-                while off < len(view):
-                    off += os.write(fd, view[off:])
-            stream.recv_raw(f.size, take)
-            if (crc or 1) != f.crc32c:
-                return f"sent file {k} with magic {crc or 1:#010x}, the record says {f.crc32c:#010x}"
-            ok = True
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise RestoreError(f"no space left on device while staging file {k}") from None
-            raise
-        finally:
-            os.close(fd)
-            if not ok:
-                try:
-                    os.unlink(part)
-                except OSError:
-                    pass
-        killpoint(KP_FETCH_RECEIVED)
-        S.stage_file(part, self.path, rec.round, k, self.fsync)
-        return None
-
-    # -- serving fetches (a thread per FETCH connection) ------------------------------------------
     def serve_fetch(self, stream: SyncStream, node: int) -> None:
-        """(SyncCallbacks.serve_fetch) Answer FETCH_REQUESTs until the other side closes: a
-        staged file of the round, else the archived file it became, else magic 0."""
-        host = self.host
-        while True:
-            try:
-                msg = stream.recv()
-            except PeerError:
-                return                      # closed: the usual end
-            if type(msg) is not P.FetchRequest:
-                stream.send_error(f"expected fetch_request, got {msg.describe()}")
-                return
-            found = self._locate(msg)
-            if found is None:
-                stream.send(P.FileInfo(msg.index, 0, 0, ""))
-                continue
-            fd, name = found
-            try:
-                stream.send(P.FileInfo(msg.index, msg.size, msg.magic, name))
-                stream.send(P.FileData(msg.index, msg.size))
-                stream.sendfile(fd, 0, msg.size)
-            finally:
-                os.close(fd)
-            self._count("files_served")
-            log.debug("vg%d n%d: served %s to n%d", host.id, host.node_id, name, node)
-
-    def _locate(self, msg: P.FetchRequest) -> tuple[int, str] | None:
-        """An open descriptor and the name of this node's copy of the requested file (its
-        size as asked; the fetching side checks the CRC), or None."""
-        if S.ROUND_RE.fullmatch(msg.round_id) is None or TABLE_NAME_RE.fullmatch(msg.table) is None \
-                or not 0 <= msg.index < S.MAX_ROUND_FILES:
-            return None
-        names = [S.staged_name(msg.round_id, msg.index)]
-        vnode = self.host.vnode
-        archived = S.archive_name(msg.table, msg.bucket, msg.version, msg.index)
-        try:
-            entry = vnode.archived_entry(archived) if vnode is not None else None
-        except VnodeError:
-            entry = None
-        if entry is not None and (entry.size, entry.magic) == (msg.size, msg.magic):
-            names.append(archived)
-        for name in names:
-            try:
-                fd = os.open(S.abspath(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                continue
-            if os.fstat(fd).st_size == msg.size:
-                return fd, name
-            os.close(fd)
-        return None
+        """(SyncCallbacks.serve_fetch, a thread per FETCH connection) Fetcher.serve_fetch."""
+        self.fetcher.serve_fetch(stream, node)
 
     # -- life ---------------------------------------------------------------------------------------
     def stop(self) -> None:

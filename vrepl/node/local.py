@@ -70,7 +70,7 @@ class LocalCluster:
                  sync: dict | None = None, http: dict | None = None,
                  log_level: str = "INFO", log_format: str = "text",
                  arbitrator: str | None = None, client_kw: dict | None = None,
-                 ship_senders: list[dict] | None = None) -> None:
+                 ship_senders: list[dict] | None = None, txn: dict | None = None) -> None:
         self.base_dir = os.path.abspath(base_dir)
         # Client keyword arguments for every client this object makes (token, tls, cafile),
         # for nodes whose [http] sets token_file or tls_cert.
@@ -98,6 +98,8 @@ class LocalCluster:
                 doc["vnode"] = dict(vnode)
             if sync:
                 doc["sync"] = dict(sync)
+            if txn:
+                doc["txn"] = dict(txn)
             doc["nodes"] = node_table
             doc["vgroups"] = [{"id": vg, "replicas": [e["id"] for e in node_table],
                                "quorum": quorum, **({"arbitrator": arbitrator} if arbitrator else {})}

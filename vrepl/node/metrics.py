@@ -87,6 +87,7 @@ class NodeCollector:
         yield info
         yield from self._http()
         yield from self._vgroups()
+        yield from self._txns()
 
     def _http(self) -> Iterator[Metric]:
         http = self.m.http
@@ -97,6 +98,39 @@ class NodeCollector:
             for (route, status), n in sorted(http.responses.items()):
                 fam.add_metric([route, str(status)], n)
         yield fam
+
+    def _txns(self) -> Iterator[Metric]:
+        """Transactions (docs/transactions.md §10): by state, aborts by reason, staged bytes,
+        refusals by code and the visible lag (commit forwarded -> VISIBLE, master)."""
+        states = GaugeMetricFamily("vrepl_txns", "Transactions this replica knows, by state"
+                                   " (finished ones until their label expires)",
+                                   labels=["vgroup", "state"])
+        aborts = CounterMetricFamily("vrepl_txn_aborts", "Transactions aborted, by reason kind"
+                                     " (timeout, client, other)", labels=["vgroup", "reason"])
+        staged = GaugeMetricFamily("vrepl_txn_staged_bytes", "Bytes of rows staged by open"
+                                   " transactions", labels=["vgroup"])
+        refused = CounterMetricFamily("vrepl_txn_refusals", "Transaction steps refused by this"
+                                      " master, by code", labels=["vgroup", "code"])
+        lag = GaugeMetricFamily("vrepl_txn_visible_lag_seconds", "From a commit record's forward"
+                                " to VISIBLE on this master, over the last 1000 commits",
+                                labels=["vgroup", "stat"])
+        for vg in self.m.vgroups.values():
+            if vg.vnode is None or vg.state != "serving":
+                continue
+            v = str(vg.id)
+            st = vg.txns.status()
+            for state, n in st["states"].items():
+                states.add_metric([v, state], n)
+            for reason, n in sorted(st["aborts"].items()):
+                aborts.add_metric([v, reason], n)
+            staged.add_metric([v], st["staged_bytes"])
+            for code, n in sorted(st["refusals"].items()):
+                refused.add_metric([v, code], n)
+            for stat in ("p50", "max"):
+                ms = st[f"visible_lag_ms_{stat}"]
+                if ms is not None:
+                    lag.add_metric([v, stat], ms / 1000.0)
+        yield from (states, aborts, staged, refused, lag)
 
     def _vgroups(self) -> Iterator[Metric]:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:

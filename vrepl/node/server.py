@@ -19,6 +19,11 @@ Routes (each request is counted under its route pattern, docs/operations.md §Me
     GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
     POST /v1/vgroups/{id}/ingest                      body: {"files": [...], "kind", "meta"}: a round
                                                       of files in the vgroup's staging directory
+    POST /v1/vgroups/{id}/txn                         body {"label": L[, "timeout_ms": T]}: begin
+    GET  /v1/vgroups/{id}/txn[?open=1]                the vgroup's transactions (any replica)
+    GET  /v1/vgroups/{id}/txn/{txn}                   one transaction (id, or label:<label>)
+    POST /v1/vgroups/{id}/txn/{txn}/rows[?seq=S]      body: JSON rows, staged in the transaction
+    POST /v1/vgroups/{id}/txn/{txn}/precommit|commit|abort   (docs/client-api.md §Transactions)
     GET  /metrics                                     Prometheus text format (vrepl/node/metrics.py)
 
 With http.token_file set, every route needs `Authorization: Bearer <token>` (checked in
@@ -61,6 +66,10 @@ ROUTE_WRITE = "/v1/vgroups/{id}/write"
 ROUTE_ROWS = "/v1/vgroups/{id}/rows"
 ROUTE_TABLES = "/v1/vgroups/{id}/tables"
 ROUTE_INGEST = "/v1/vgroups/{id}/ingest"
+ROUTE_TXNS = "/v1/vgroups/{id}/txn"
+ROUTE_TXN = "/v1/vgroups/{id}/txn/{txn}"
+ROUTE_TXN_STEP = "/v1/vgroups/{id}/txn/{txn}/{step}"
+TXN_STEPS = ("rows", "precommit", "commit", "abort")
 ROUTE_METRICS = "/metrics"
 ROUTE_INFLUX_V1 = influx.ROUTE_V1_WRITE
 ROUTE_INFLUX_V2 = influx.ROUTE_V2_WRITE
@@ -259,9 +268,38 @@ class Node:
                 if req.method != "POST":
                     return error(405, "bad_method", f"{req.method} {req.path}: use POST")
                 return vg.ingest_http(req.body)
+        if 4 <= len(parts) <= 6 and parts[1] == "vgroups" and parts[3] == "txn":
+            return self._txn(parts, req)
         if len(parts) == 5 and parts[1] == "vgroups" and parts[3:] == ["ship", "owners"]:
             return self._ship_owners(parts[2], req)
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
+
+    def _txn(self, parts: list[str], req: Request):
+        """The transaction routes (docs/client-api.md §Transactions, vrepl/node/txnhost.py)."""
+        req.route = (ROUTE_TXNS, ROUTE_TXN, ROUTE_TXN_STEP)[len(parts) - 4]
+        if len(parts) == 6 and parts[5] not in TXN_STEPS:
+            return error(404, "no_route", f"no route {req.path[:100]!r}: a transaction's steps"
+                         f" are {', '.join(TXN_STEPS)}")
+        vg = self._vgroup(parts[2])
+        if isinstance(vg, Response):
+            return vg
+        want = "GET" if len(parts) == 5 else "POST"
+        if len(parts) == 4:
+            want = "POST" if req.method == "POST" else "GET"
+        if req.method != want:
+            return error(405, "bad_method", f"{req.method} {req.path}: use {want}")
+        if len(parts) == 4:
+            if want == "POST":
+                return vg.txns.begin(req.body)
+            return vg.txns.list(open_only=req.query.get("open") in ("1", "true"))
+        if len(parts) == 5:
+            return vg.txns.show(parts[4])
+        key, step = parts[4], parts[5]
+        if step == "rows":
+            return vg.txns.put(key, req.body, req.query.get("seq"))
+        if step == "abort":
+            return vg.txns.abort(key, req.body)
+        return vg.txns.precommit(key) if step == "precommit" else vg.txns.commit(key)
 
     def _influx(self, req: Request):
         """InfluxDB's routes (vrepl/node/influx.py), answered in InfluxDB's shapes."""
@@ -343,7 +381,12 @@ class Node:
                 return error(400, "bad_query", f"{name} {text[:40]!r} is outside int64")
         if not 0 < vals["limit"] <= limit_max:
             return error(400, "bad_query", f"limit must be in 1..{limit_max} (max_query_rows)")
-        return vg.query(table, vals["start"], vals["end"], vals["limit"])
+        as_of = q.get("as_of")
+        if as_of is not None and (not as_of.isdigit() or len(as_of) > 18):
+            return error(400, "bad_query", f"as_of {as_of[:40]!r} is not a version (an integer"
+                         " >= 0)")
+        return vg.query(table, vals["start"], vals["end"], vals["limit"],
+                        int(as_of) if as_of is not None else None)
 
     def status(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -31,6 +31,7 @@ from typing import Any
 from vrepl.node import selfrestore
 from vrepl.node.config import NodeConfig, VgroupSpec
 from vrepl.node.ingest import Rounds
+from vrepl.node.txnhost import Txns
 from vrepl.node.vgroup_client import KIND_ARROW, KIND_JSON, KIND_LINES, VgroupClientApi, _Pending
 from vrepl.node.vgroup_restore import (NEEDS_RESTORE, SELF_RESTORE_RETRY_MAX_MS, SERVING,
                                        VgroupSelfRestore)
@@ -100,6 +101,8 @@ class VgroupHost(VgroupClientApi, VgroupSelfRestore):
         self._life_lock = threading.Lock()    # sync/vnode swapped by a self-restore vs stop()
         # Rounds of ingested files (docs/vnode.md §9, vrepl/node/ingest.py).
         self.rounds = Rounds(self)
+        # Transactions (docs/transactions.md, vrepl/node/txnhost.py).
+        self.txns = Txns(self)
 
     # -- start / stop (main thread) -----------------------------------------------------------
     def open(self) -> int:
@@ -118,7 +121,8 @@ class VgroupHost(VgroupClientApi, VgroupSelfRestore):
             if done:
                 log.warning("vg%d n%d: restore swap after a crash: %s", self.id, self.node_id,
                             done)
-        self.vnode = Vnode(self.path, self.node_cfg.vnode)
+        self.vnode = Vnode(self.path, self.node_cfg.vnode,
+                           txn_label_retention_ms=self.node_cfg.txn.label_retention_ms)
         reason = selfrestore.wal_below_archive(self.path, self.node_cfg.vnode.max_payload_bytes)
         if reason is not None:
             self._mark_needs_restore(f"at start-up: {reason}")
@@ -185,6 +189,7 @@ class VgroupHost(VgroupClientApi, VgroupSelfRestore):
             # Versions continue the log: a new master's WAL ends where its slave WAL ended.
             self.next_version = self.sync.last_version() + 1
             self._forward_noop(epoch)
+            self.txns.became_master()
 
     def _forward_noop(self, epoch: int) -> None:
         """A new master commits the records it inherited from older epochs only together
@@ -268,10 +273,13 @@ class VgroupHost(VgroupClientApi, VgroupSelfRestore):
                 except VnodeError as exc:   # closed while stopping
                     log.warning("vg%d: no-op v%d not applied: %s", self.id, noop, exc)
         pending, rounds = self.pending, self.rounds
-        if not pending and not rounds.forwarded and not rounds.noops:
+        txns = self.txns
+        if not pending and not rounds.forwarded and not rounds.noops and not txns.forwarded:
             return
         for version in range(first, last + 1):
             if (rounds.forwarded or rounds.noops) and rounds.confirm(version, status, apply):
+                continue
+            if txns.forwarded and txns.confirm(version, status, apply):
                 continue
             entry = pending.pop(version, None)
             if entry is None:
@@ -355,8 +363,9 @@ class VgroupHost(VgroupClientApi, VgroupSelfRestore):
                 log.warning("vg%d n%d: WAL recycling: %s", self.id, self.node_id, exc)
 
     def tick(self) -> None:
-        """Periodic (flush_check_ms): the memtable age limit."""
+        """Periodic (flush_check_ms): the memtable age limit; transaction timeouts (master)."""
         self._maybe_flush()
+        self.txns.tick()
 
     def status(self) -> dict[str, Any]:
         sync, vnode = self.sync, self.vnode
@@ -376,6 +385,7 @@ class VgroupHost(VgroupClientApi, VgroupSelfRestore):
             "last_self_restore": self.last_self_restore,
             "counters": dict(self.counters),
             "ingest": self.rounds.status(),
+            "txn": self.txns.status(),
         }
         if self.state != SERVING or sync is None:
             # Replication is stopped: this replica takes no part in the group.

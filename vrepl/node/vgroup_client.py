@@ -272,13 +272,24 @@ class VgroupClientApi:
                              " unknown (retry)", outcome="unknown", version=version)
             await asyncio.sleep(0.02)
 
-    async def query(self, table: str, start: int, end: int, limit: int) -> Response:
+    async def query(self, table: str, start: int, end: int, limit: int,
+                    as_of: int | None = None) -> Response:
         vnode = self.vnode
         invariant(vnode is not None and self.loop is not None, "queries come after start()")
         if self.state != SERVING:
             return self._needs_restore_answer("serves no reads")
+        if as_of is not None and vnode.get_version() < as_of:
+            # "As of V" on a replica behind V: wait for it (docs/client-api.md §Read).
+            deadline = time.monotonic() + self.node_cfg.http.write_timeout_ms / 1000
+            while vnode.get_version() < as_of:
+                if time.monotonic() > deadline or self.state != SERVING:
+                    return error(504, "behind", f"vg{self.id}: this replica (n{self.node_id})"
+                                 f" has applied up to v{vnode.get_version()}, not v{as_of},"
+                                 " within write_timeout_ms; retry or ask another replica")
+                await asyncio.sleep(0.01)
+        seen: list[int] = []
         try:
-            rows = await self.loop.run_in_executor(None, vnode.query, table, start, end)
+            rows = await self.loop.run_in_executor(None, vnode.query, table, start, end, seen)
             exists = bool(rows) or vnode.has_table(table)
         except VnodeClosedError:
             if self.state != SERVING:
@@ -288,10 +299,19 @@ class VgroupClientApi:
             return error(400, "bad_query", str(exc))
         if self.state != SERVING:     # entered needs_restore while the query ran
             return self._needs_restore_answer("serves no reads")
+        extra: dict[str, Any] = {}
+        if as_of is not None:
+            # Rows written after V are left out; a ts written again after V has no older row
+            # to show (no history per ts), so it is left out too and counted.
+            kept = [r for r in rows if r["_version"] <= as_of]
+            extra = {"as_of": as_of, "left_out": len(rows) - len(kept)}
+            rows = kept
         truncated = len(rows) > limit
         return Response(200, {"vgroup": self.id, "node": self.node_id, "role": self.role,
-                              "version": vnode.get_version(), "table": table, "exists": exists,
-                              "rows": rows[:limit], "truncated": truncated})
+                              "version": vnode.get_version(),
+                              "visible_version": seen[-1] if seen else vnode.get_version(),
+                              "table": table, "exists": exists,
+                              "rows": rows[:limit], "truncated": truncated, **extra})
 
     def tables(self) -> Response:
         """GET /v1/vgroups/{id}/tables: the tables this replica holds rows of."""

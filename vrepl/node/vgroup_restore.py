@@ -180,7 +180,8 @@ class VgroupSelfRestore:
                      extra=_step("swapped", ms))
         self._phase("reopening")
         t = time.monotonic()
-        vnode = Vnode(self.path, self.node_cfg.vnode)
+        vnode = Vnode(self.path, self.node_cfg.vnode,
+                      txn_label_retention_ms=self.node_cfg.txn.label_retention_ms)
         reason = selfrestore.wal_below_archive(self.path, max_record)
         if reason is not None:
             vnode.close(up_to_version=0)

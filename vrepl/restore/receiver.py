@@ -1,14 +1,16 @@
 """The side of a restore that is behind (a replica, or the `vrepl restore` tool).
 
-Owns: `Receiver.run(stream)`, the seed's restore flow over one sync connection
-(docs/restore.md §Protocol): compare each announced file with its own (name, size, magic),
+Owns: `Receiver.session(io)`, the seed's restore flow over one sync connection
+(docs/restore.md §Protocol), step by step over a `SessionIO` (vrepl/restore/session_io.py;
+`Receiver.run(stream)` runs it on the calling thread over a blocking SyncStream): compare each announced file with its own (name, size, magic),
 answer FILE_ACK, stage what it is sent (temporary name, size and magic verified, fsync,
 rename into the staging directory), then swap the staged files into the data path in index
 order (the last index — the vnode's manifest — last: the commit point), remove the files the
 sender no longer has, tell the app; then ask for the WAL from its own version on and hand
 whole records to its `Sink` (a live replica, or a WAL directory); `Staging`, the staging
 directory `<data>/.vrepl-restore/` with its swap journal, and `recover_interrupted_swap()`,
-which finishes or abandons a swap a crash interrupted.
+which finishes or abandons a swap a crash interrupted. Its ports: the `Sink` and the
+`StagingStore` (`Staging` on disk; the simulator's in memory, vrepl/testing/sim/).
 The previous data stays intact until the swap: a full disk, a refused name, a bad file or a
 lost connection before it leave the data path as it was (staged files are kept, so the next
 session skips them: a crashed restore resumes).
@@ -33,6 +35,7 @@ from vrepl._core import record as _rec
 from vrepl.restore import protocol as P
 from vrepl.restore.errors import BadData, DiskFull, PeerError, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined, make_parents
+from vrepl.restore.session_io import BlockingIO, Session, SessionIO, run_blocking
 from vrepl.restore.stream import SyncStream
 
 log = logging.getLogger("vrepl.restore")
@@ -75,7 +78,9 @@ class Sink(Protocol):
 
     data_path: str
 
-    def on_begin(self, begin: P.SyncBegin) -> None: ...
+    def on_begin(self, begin: P.SyncBegin) -> Session | None:
+        """Begin; a sink that must wait for its replica (the simulator's) returns a session
+        generator to run first, one that blocks (production's threads) returns None."""
     def own_file(self, index: int, name: str) -> tuple[int, int] | None: ...
     def own_files(self) -> list[str]: ...
     def files_synced(self) -> None: ...
@@ -83,6 +88,18 @@ class Sink(Protocol):
     def on_wal_begin(self, msg: P.WalBegin) -> None: ...
     def feed(self, block: bytes, scan) -> None: ...
     def on_wal_end(self, last_version: int) -> int: ...
+
+
+class StagingStore(Protocol):
+    """Where received files wait for the swap (`Staging` on disk; the simulator's in memory)."""
+
+    def staged_matches(self, name: str, size: int, magic: int) -> bool: ...
+
+    def receive(self, io: SessionIO, name: str, size: int, magic: int,
+                progress: Callable[[int], None] | None = None) -> Session:
+        """Take `size` raw bytes from `io`, verify size and magic, keep them staged."""
+
+    def commit(self, names: list[str], staged: set[str], remove: list[str]) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,9 +185,9 @@ class Staging:
         magic_of = self.magic_of or file_crc_magic
         return magic_of(path) == magic
 
-    def receive(self, stream: SyncStream, name: str, size: int, magic: int,
-                progress: Callable[[int], None] | None = None) -> None:
-        """Take `size` raw bytes from the stream into a temporary file, verify size and
+    def receive(self, io: SessionIO, name: str, size: int, magic: int,
+                progress: Callable[[int], None] | None = None) -> Session:
+        """Take `size` raw bytes from the session into a temporary file, verify size and
         magic, fsync, rename into the staging tree. DiskFull / RestoreError on failure (the
         temporary file is removed)."""
         if size > self.max_file_bytes:
@@ -191,7 +208,7 @@ class Staging:
         ok = False
         try:
             try:
-                stream.recv_raw(size, writer.put, buffers=3)
+                yield from io.recv_raw(size, writer.put, buffers=3)
             finally:
                 writer.finish()
             writer.check()
@@ -308,8 +325,10 @@ class Receiver:
 
     def __init__(self, sink: Sink, *, magic_of: Callable[[str], int] | None = None, fsync: bool = True,
                  max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, max_record_bytes: int = _rec.DEFAULT_MAX_PAYLOAD_BYTES,
-                 progress: Callable[[str, int], None] | None = None, name: str = "restore") -> None:
+                 progress: Callable[[str, int], None] | None = None, name: str = "restore",
+                 staging: Callable[[], StagingStore] | None = None) -> None:
         self.sink = sink
+        self.staging = staging  # None: the staging directory under the sink's data path
         self.magic_of = magic_of
         self.fsync = fsync
         self.max_file_bytes = max_file_bytes
@@ -320,41 +339,53 @@ class Receiver:
         self.begin: P.SyncBegin | None = None
 
     def run(self, stream: SyncStream) -> int:
-        begin = stream.recv()
+        """The whole session on this thread; returns the last version applied."""
+        return run_blocking(self.session(BlockingIO(stream)))
+
+    def session(self, io: SessionIO) -> Session:
+        """The session step by step; returns the last version applied."""
+        begin = yield from io.recv()
         if type(begin) is not P.SyncBegin:
             raise PeerError(f"expected sync_begin, got {begin.describe()}")
         self.begin = begin
         self.progress("total_files", begin.files)
         self.progress("total_bytes", begin.file_bytes)
-        self.sink.on_begin(begin)
+        wait = self.sink.on_begin(begin)
+        if wait is not None:
+            yield from wait
         if begin.flags & P.FLAG_FILES:
-            self._files_phase(stream)
+            yield from self._files_phase(io)
         from_version = self.sink.wal_from_version()
         self.stats.from_version = from_version
-        stream.send(P.WalRequest(from_version))
-        msg = stream.recv()
+        io.send(P.WalRequest(from_version))
+        msg = yield from io.recv()
         if type(msg) is not P.WalBegin:
             raise PeerError(f"expected wal_begin, got {msg.describe()}")
         if msg.first_version != from_version:
             raise PeerError(f"asked for the WAL from v{from_version}, the sender starts at v{msg.first_version}")
         self.sink.on_wal_begin(msg)
-        self._wal_phase(stream)
+        yield from self._wal_phase(io)
         return self.stats.last_version
 
-    # -- files -----------------------------------------------------------------------------------
-
-    def _files_phase(self, stream: SyncStream) -> None:
+    def _staging(self) -> StagingStore:
+        """The staging directory on disk, after finishing or abandoning an interrupted swap."""
         data_path = self.sink.data_path
         recovered = recover_interrupted_swap(data_path, fsync=self.fsync)
         if recovered:
             log.warning("%s: %s", self.name, recovered)
-        staging = Staging(data_path, magic_of=self.magic_of, fsync=self.fsync, max_file_bytes=self.max_file_bytes)
+        return Staging(data_path, magic_of=self.magic_of, fsync=self.fsync, max_file_bytes=self.max_file_bytes)
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def _files_phase(self, io: SessionIO) -> Session:
+        data_path = self.sink.data_path
+        staging = self.staging() if self.staging is not None else self._staging()
         own_before = self.sink.own_files()
         names: list[str] = []
         staged: set[str] = set()
         expect = 0
         while True:
-            msg = stream.recv()
+            msg = yield from io.recv()
             if type(msg) is P.FilesEnd:
                 if msg.count != expect:
                     raise PeerError(f"files_end says {msg.count} files, {expect} were announced")
@@ -377,14 +408,14 @@ class Receiver:
                 self.progress("file_bytes", msg.size)
             else:
                 need = 1
-            stream.send(P.FileAck(msg.index, need))
+            io.send(P.FileAck(msg.index, need))
             if need:
-                data = stream.recv()
+                data = yield from io.recv()
                 if type(data) is not P.FileData or data.index != msg.index:
                     raise PeerError(f"expected file_data #{msg.index}, got {data.describe()}")
                 if data.size != msg.size:
                     raise PeerError(f"{msg.name}: file_data announces {data.size} bytes, file_info said {msg.size}")
-                staging.receive(stream, msg.name, msg.size, msg.magic, lambda n: self.progress("file_bytes", n))
+                yield from staging.receive(io, msg.name, msg.size, msg.magic, lambda n: self.progress("file_bytes", n))
                 staged.add(msg.name)
                 self.stats.files_received += 1
                 self.stats.file_bytes_received += msg.size
@@ -403,16 +434,16 @@ class Receiver:
 
     # -- WAL -------------------------------------------------------------------------------------
 
-    def _wal_phase(self, stream: SyncStream) -> None:
+    def _wal_phase(self, io: SessionIO) -> Session:
         max_record = self.max_record_bytes
         sink = self.sink
         while True:
-            msg = stream.recv()
+            msg = yield from io.recv()
             t = type(msg)
             if t is P.WalEnd:
                 last = sink.on_wal_end(msg.last_version)
                 self.stats.last_version = last
-                stream.send(P.Done(last))
+                io.send(P.Done(last))
                 return
             if t is not P.WalData:
                 raise PeerError(f"expected wal_data or wal_end, got {msg.describe()}")
@@ -435,7 +466,7 @@ class Receiver:
                     self.progress("wal_records", scan.count)
                 carry = bytearray(data[scan.end:])
 
-            stream.recv_raw(msg.size, take)
+            yield from io.recv_raw(msg.size, take)
             if carry:
                 raise BadData(f"WAL data from the sender ended inside a record ({len(carry)} bytes left)")
             self.stats.wal_bytes_received += msg.size

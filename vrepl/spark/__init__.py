@@ -3,7 +3,8 @@
 Owns: `validate()` (validate.py) and its parts: driver-side reading and checks of replica
 directories (inputs.py, checks.py), the Spark comparison of rows and epochs (job.py), the
 quiet session (session.py), the report (report.py) and `vrepl validate` (cli.py); and
-`read_vgroup()` (read.py), a vgroup's archived rows as a DataFrame.
+`read_vgroup()` (read.py), a vgroup's archived rows as a DataFrame; `write()`
+(write.py), a DataFrame loaded into a vgroup in one transaction.
 docs/validation.md. Must not: import pyspark at import time (vrepl works without the
 `spark` extra until a validation runs), or write into a replica directory.
 """
@@ -15,6 +16,7 @@ from vrepl.spark.report import CheckResult, Report
 # module stays reachable as sys.modules["vrepl.spark.validate"]; spark-submit uses the
 # entry file vrepl/spark/submit.py).
 from vrepl.spark.validate import validate
+from vrepl.spark.write import write
 
 __all__ = ["CheckResult", "Finding", "InputError", "ReplicaSpec", "Report", "SparkJobError",
-           "read_vgroup", "validate"]
+           "read_vgroup", "validate", "write"]

@@ -161,6 +161,24 @@ def vgroup_findings(vgroup: int, replicas: list[ReplicaData]) -> list[Finding]:
         out.append(Finding("schemas", "precision_mismatch",
                            f"manifests disagree on precision or file span ({text})", vgroup))
     out.extend(schema_findings(vgroup, [(r.spec.replica, r.schemas) for r in replicas]))
+    out.extend(txn_findings(vgroup, replicas))
+    return out
+
+
+def txn_findings(vgroup: int, replicas: list[ReplicaData]) -> list[Finding]:
+    """The replicas agree on every finished transaction they all hold (docs/transactions.md
+    §12): the same label, outcome, publish version and rows (a transaction is published
+    whole at one version on each replica, so agreeing here and on rows is agreeing on it)."""
+    out = []
+    ids = set.intersection(*(set(r.txns) for r in replicas)) if replicas else set()
+    for tid in sorted(ids):
+        seen = {r.spec.replica: r.txns[tid] for r in replicas}
+        if len(set(seen.values())) > 1:
+            text = "; ".join(f"replica {k}: {s} at v{v} ({n} rows)"
+                             for k, (_l, s, v, n) in seen.items())
+            out.append(Finding("versions", "txn_outcome_differs",
+                               f"transaction {tid} ({seen[replicas[0].spec.replica][0]}) differs:"
+                               f" {text}", vgroup, None, None, {"txn": tid}))
     return out
 
 

@@ -32,6 +32,8 @@ from vrepl import wal as _wal
 from vrepl._core import record as _rec
 from vrepl.errors import InputError
 from vrepl.spark.model import Finding, ReplicaSpec
+from vrepl.spark.txnreplay import TxnReplay
+from vrepl.txn.record import is_txn_payload
 from vrepl.vnode.errors import ArchiveError, PayloadError
 from vrepl.vnode.files import ARROW_TYPES, MANIFEST_NAME, ArchivedFile, Manifest, file_magic
 from vrepl.vnode import staging as S
@@ -84,6 +86,7 @@ class PendingRound:
     epoch: int
     round: str
     files: list[tuple[str, str, dict[str, str]]]
+    removes: list[str] = field(default_factory=list)   # archive names it removes (§9.2)
 
 
 @dataclass
@@ -98,6 +101,8 @@ class ReplicaData:
     wal_rows: dict[tuple[str, int], tuple[int, int, dict[str, Any]]]
     findings: list[Finding]
     pending: list[PendingRound] = field(default_factory=list)   # rounds above the archive
+    # transaction id -> (label, state, visible version, rows): the labels file and the WAL
+    txns: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
 
     @property
     def ranked(self) -> bool:
@@ -349,7 +354,7 @@ def scan_wal(spec: ReplicaSpec, max_record_bytes: int, from_version: int
 
 def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict[str, str]],
                records: list[tuple[int, int, int, bytes]], findings: list[Finding],
-               pending: list[PendingRound] | None = None
+               pending: list[PendingRound] | None = None, txns: TxnReplay | None = None
                ) -> dict[tuple[str, int], tuple[int, int, dict[str, Any]]]:
     """The rows a vnode would replay from the WAL on recovery (docs/vnode.md §6): records
     above the archived version in log order, each applied only if its version is above the
@@ -359,6 +364,7 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
     staged files; a round whose files are not staged is a finding (`round_not_staged`)."""
     rows: dict[tuple[str, int], tuple[int, int, dict[str, Any]]] = {}
     applied = archived_version
+    txns = txns or TxnReplay(spec)   # format 9: rows appear at their publish record's version
     for version, epoch, msg_type, payload in records:
         if version <= applied:
             continue
@@ -367,6 +373,9 @@ def replay_wal(spec: ReplicaSpec, archived_version: int, schemas: dict[str, dict
             continue
         if S.is_ingest_payload(payload):
             _pending_round(spec, version, epoch, payload, schemas, findings, pending)
+            continue
+        if is_txn_payload(payload):
+            txns.apply(version, epoch, payload, schemas, findings, rows)
             continue
         try:
             batch, added, conflict = decode_checked(payload, version, None, schemas)
@@ -422,7 +431,7 @@ def _pending_round(spec: ReplicaSpec, version: int, epoch: int, payload: bytes,
     if pending is not None:
         pending.append(PendingRound(version, epoch, rec.round, [
             (f.table, S.abspath(spec.path, rec.staged_name(k)), dict(f.columns))
-            for k, f in enumerate(rec.files)]))
+            for k, f in enumerate(rec.files)], [r.name for r in rec.removes]))
 
 
 # -- a whole replica -----------------------------------------------------------------------
@@ -459,9 +468,17 @@ def load_replica(spec: ReplicaSpec, max_record_bytes: int = _wal.DEFAULT_MAX_REC
     findings.extend(wal_findings)
     schemas = {t: dict(c) for t, c in manifest.schemas.items()}
     pending: list[PendingRound] = []
-    wal_rows = replay_wal(spec, manifest.archived_version, schemas, records, findings, pending)
+    txns = TxnReplay(spec)
+    txns.load(manifest.archived_version, findings)
+    wal_rows = replay_wal(spec, manifest.archived_version, schemas, records, findings, pending,
+                          txns)
+    # A pending round that removes archived files (record version 2): their rows are no
+    # longer the replica's state (applying the round deletes them).
+    removed = {name for p in pending for name in p.removes}
+    if removed:
+        files = [df for df in files if df.entry.name not in removed]
     return ReplicaData(spec, manifest, has_manifest, files, scan, schemas, wal_rows, findings,
-                       pending)
+                       pending, txns.outcomes())
 
 
 def load_replicas(specs: list[ReplicaSpec],

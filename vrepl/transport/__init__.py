@@ -2,7 +2,7 @@
 
 Owns: the wire codec (codec.py), the hello / HMAC handshake (handshake.py, reusable by the
 arbitrator over asyncio streams), one TCP server per node and its connections (node.py), the
-shared I/O thread (loop.py) and the sync instance's storage: WAL thread, promise file,
-truncation (storage.py). The embedding API on top is vrepl/sync.py.
+shared I/O thread (loop.py), the shared WAL thread (walflush.py) and the sync instance's
+storage: WAL jobs, promise file, truncation (storage.py). The embedding API on top is vrepl/sync.py.
 Must not: make replication decisions; those are vrepl.replica's.
 """

@@ -42,6 +42,11 @@ from vrepl.replica.invariant import invariant
 log = logging.getLogger("vrepl.transport")
 
 MAX_PENDING_HANDSHAKES = 256  # unauthenticated server-side connections at once
+# A connection's receive buffer starts at READ_MIN_BYTES and grows (x4 each time a read
+# fills it, up to READ_CHUNK_BYTES) only when the peer sends faster than one small read per
+# wake-up: an idle vgroup's links (heartbeats, statuses) hold 4 KiB each, not 256 KiB, which
+# was most of a node's idle memory per vgroup (docs/perf.md §Many vgroups).
+READ_MIN_BYTES = 4096
 READ_CHUNK_BYTES = 256 * 1024
 
 
@@ -121,14 +126,16 @@ class Connection(asyncio.BufferedProtocol):
         self.bytes_received = 0
         self.frames_sent = 0
         self.frames_received = 0
+        self._read_hint = READ_MIN_BYTES
+        self._view_bytes = 0  # the size of the last get_buffer() view
         if owner is not None:
-            self.frames = FrameBuffer(owner.cfg.max_frame_bytes)
+            self.frames = FrameBuffer(owner.cfg.max_frame_bytes, READ_MIN_BYTES)
             target = codec.ARBITRATOR_NODE_ID if kind == ConnKind.ARBITRATOR else peer_node
             self.hs: ClientHandshake | ServerHandshake = ClientHandshake(
                 owner.cfg.secret, kind, owner.cfg.vgroup_id, owner.node, target  # type: ignore[arg-type]
             )
         else:
-            self.frames = FrameBuffer(HANDSHAKE_MAX_FRAME_BYTES)
+            self.frames = FrameBuffer(HANDSHAKE_MAX_FRAME_BYTES, READ_MIN_BYTES)
             self.hs = ServerHandshake(node_transport.secret, node_transport.node, self._check_hello,
                                       secret_for=node_transport.secret_for)
 
@@ -179,10 +186,15 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         # recv_into the frame buffer's free space: no intermediate bytes object per read.
         # Before the hello is checked a caller gets a small buffer only.
-        return self.frames.writable(READ_CHUNK_BYTES if self.authenticated or self.is_client else 4096)
+        view = self.frames.writable(self._read_hint)
+        self._view_bytes = len(view)
+        return view
 
     def buffer_updated(self, nbytes: int) -> None:
         self.frames.wrote(nbytes)
+        if nbytes >= self._view_bytes and self._read_hint < READ_CHUNK_BYTES and (
+                self.authenticated or self.is_client):
+            self._read_hint = min(self._read_hint * 4, READ_CHUNK_BYTES)   # more is waiting
         self.bytes_received += nbytes
         if self.closed:
             return
@@ -279,7 +291,7 @@ class Connection(asyncio.BufferedProtocol):
                 # A restore session: bulk, blocking, on its own thread (docs/restore.md).
                 self._detach_when_flushed(inst, hello, 0)
                 return
-            self.frames = FrameBuffer(inst.cfg.max_frame_bytes)
+            self.frames = FrameBuffer(inst.cfg.max_frame_bytes, READ_MIN_BYTES)
             self.transport.set_write_buffer_limits(high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4)  # type: ignore[union-attr]
         self.authenticated = True
         invariant(self.owner is not None, "self.owner is not None")

@@ -1,7 +1,8 @@
 """The sync instance's storage: its WAL (written from one thread) and its persisted promise.
 
-Owns: `<data path>/wal` through a `vrepl.wal.WalWriter` driven by a dedicated WAL thread, the
-promise file `<data path>/promise` (PersistPromisedEpoch), WAL truncation after a version
+Owns: `<data path>/wal` through a `vrepl.wal.WalWriter` whose jobs run on the process's WAL
+thread (vrepl/transport/walflush.py, one for every store of the process), the promise file
+`<data path>/promise` (PersistPromisedEpoch), WAL truncation after a version
 (TruncateWalAfter), and what start-up needs from disk (last epoch/version, the epoch
 history, the promise). docs/embedding.md §Storage.
 
@@ -12,7 +13,8 @@ the durable version through `on_durable` (the WalWriter's callback, called on th
 thread). While one fdatasync runs the next appends queue up, so the batch grows with the
 load and a lone write waits for no timer. Jobs run in the order queued, so every durable
 report for earlier appends comes before the report of a later truncation (the ordering the
-replica needs, vrepl/replica/actions.py).
+replica needs, vrepl/replica/actions.py). In one wake-up the WAL thread runs every store
+that has jobs, one after the other.
 Must not: call the replica or the app; talk to sockets. Callbacks run on the WAL thread: the
 owner hops back to its event loop.
 """
@@ -34,6 +36,7 @@ from vrepl import wal as _wal
 from vrepl._core import crc32c as _crc
 from vrepl.errors import VreplError, WalError
 from vrepl.replica.invariant import invariant
+from vrepl.transport.walflush import WalFlusher
 
 log = logging.getLogger("vrepl.storage")
 
@@ -124,11 +127,14 @@ def epoch_history(wal_dir: str, max_record_bytes: int) -> tuple[tuple[int, int],
 
 
 class WalStore:
-    """The WAL of one sync instance plus its promise file, written from one WAL thread.
+    """The WAL of one sync instance plus its promise file. Its jobs run on the process's
+    WAL thread (vrepl/transport/walflush.py), shared by every store, one store at a time
+    and each store's jobs in the order queued.
 
     `on_durable(version)` and `on_truncated(last_epoch, last_version)` and `on_error(exc)`
-    are called on the WAL thread, in job order; `on_group_commit(seconds)` (optional) once
-    per group commit, with how long its write and fdatasync took.
+    are called on the WAL thread (or the I/O thread in `run_inline`), in job order;
+    `on_group_commit(seconds)` (optional) once per group commit, with how long its write
+    and fdatasync took. After a failure the store runs no more jobs.
     """
 
     def __init__(
@@ -141,7 +147,6 @@ class WalStore:
         on_truncated: Callable[[int, int], None],
         on_error: Callable[[BaseException], None],
         on_group_commit: Callable[[float], object] | None = None,
-        name: str = "vrepl-wal",
     ) -> None:
         self.data_path = data_path
         self.wal_dir = os.path.join(data_path, WAL_DIR)
@@ -155,13 +160,14 @@ class WalStore:
         self._on_truncated = on_truncated
         self._on_error = on_error
         self._on_group_commit = on_group_commit
-        self._name = name
         self._writer: _wal.WalWriter | None = None
         self._jobs: deque[tuple] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._flusher: WalFlusher | None = None
+        self._scheduled = False  # in the flusher's queue
         self._busy = False  # a thread is executing jobs (the WAL thread or run_inline)
+        self._failed = False  # a job raised: nothing more is written
         self._queued_bytes = 0
         self.durable_version = 0  # written by the WAL thread
         self.appended_bytes = 0
@@ -171,10 +177,7 @@ class WalStore:
         """Open (creating) the WAL, repairing a torn tail; read the promise and epoch history."""
         os.makedirs(self.wal_dir, exist_ok=True)
         repaired = None
-        try:
-            tail = _wal.repair(self.wal_dir, self.options.max_record_bytes)
-        except _wal.WalError:
-            raise
+        tail = _wal.repair(self.wal_dir, self.options.max_record_bytes)
         if tail is not None:
             repaired = tail.describe()
         self._writer = self._new_writer()
@@ -189,8 +192,7 @@ class WalStore:
             repaired_tail=repaired,
         )
         self.durable_version = state.last_version
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
+        self._flusher = WalFlusher.shared()
         return state
 
     def _new_writer(self) -> _wal.WalWriter:
@@ -202,32 +204,33 @@ class WalStore:
 
     # -- called from the event loop ------------------------------------------------------------
 
+    def _queue(self, job: tuple, nbytes: int = 0) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._queued_bytes += nbytes
+            wake = not (self._scheduled or self._busy or self._closed) and self._flusher is not None
+            if wake:
+                self._scheduled = True
+        if wake:
+            self._flusher.schedule(self)  # type: ignore[union-attr]
+
     def append(self, first_version: int, last_version: int, block: bytes) -> None:
         """Queue encoded records first_version..last_version for the WAL thread."""
-        with self._cond:
-            self._jobs.append(("append", first_version, last_version, block))
-            self._queued_bytes += len(block)
-            self._cond.notify()
+        self._queue(("append", first_version, last_version, block), len(block))
 
     def truncate_after(self, version: int) -> None:
-        with self._cond:
-            self._jobs.append(("truncate", version))
-            self._cond.notify()
+        self._queue(("truncate", version))
 
     def reset(self, base_version: int, base_epoch: int) -> None:
         """Queue: drop every WAL file and start an empty WAL whose next record is
         base_version + 1 (a restore installed archived files holding everything up to
         base_version, docs/restore.md §Rebase). Ordered with the appends around it."""
-        with self._cond:
-            self._jobs.append(("reset", base_version, base_epoch))
-            self._cond.notify()
+        self._queue(("reset", base_version, base_epoch))
 
     def recycle(self, before_version: int) -> None:
         """Queue: delete sealed WAL files whose records are all below before_version (the
         app archived them: docs/vnode.md §5)."""
-        with self._cond:
-            self._jobs.append(("recycle", before_version))
-            self._cond.notify()
+        self._queue(("recycle", before_version))
 
     def first_version_or(self, default: int) -> int:
         """The first version the WAL still holds, or `default` when it holds none."""
@@ -237,25 +240,17 @@ class WalStore:
 
     def run_inline(self, max_bytes: int) -> bool:
         """Execute the queued jobs on the calling thread (the event loop) when the WAL thread
-        is idle and they hold at most `max_bytes`: a lone small write then waits for no
-        thread hand-off, only for its fdatasync. Same order and callbacks as the WAL thread.
-        True if it ran something."""
+        is not running this store and they hold at most `max_bytes`: a lone small write then
+        waits for no thread hand-off, only for its fdatasync. Same order and callbacks as
+        the WAL thread. True if it ran something."""
         with self._cond:
-            if self._busy or not self._jobs or self._queued_bytes > max_bytes or self._closed:
+            if self._busy or not self._jobs or self._queued_bytes > max_bytes or self._closed or self._failed:
                 return False
-            jobs = list(self._jobs)
-            self._jobs.clear()
-            self._queued_bytes = 0
-            self._busy = True
+            jobs = self._take_locked()
         try:
-            self._do(jobs)
-        except BaseException as exc:
-            log.exception("wal %s: inline WAL work failed", self.wal_dir)
-            self._on_error(exc)
+            self.run_jobs(jobs)
         finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify()
+            self.jobs_done()
         return True
 
     def persist_promise(self, epoch: int, master: int) -> None:
@@ -263,40 +258,62 @@ class WalStore:
         after this (ordering contract, vrepl/replica/actions.py)."""
         write_promise(self.data_path, epoch, master)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Let the WAL thread finish the queued jobs (at most timeout_s), then close."""
+        flusher = self._flusher
+        in_flusher = flusher is not None and flusher.in_thread()
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+            if not in_flusher:
+                self._cond.wait_for(lambda: self._failed or not (self._jobs or self._busy or self._scheduled),
+                                    timeout_s)
         if self._writer is not None:
             try:
                 self._writer.close()
             except OSError:
                 log.exception("wal %s: close failed", self.wal_dir)
+        if flusher is not None:
+            self._flusher = None
+            flusher.release()
 
-    # -- the WAL thread ------------------------------------------------------------------------
+    # -- the WAL thread (walflush.WalFlusher) ----------------------------------------------------
 
-    def _run(self) -> None:
+    def _take_locked(self) -> list[tuple]:
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        self._queued_bytes = 0
+        self._busy = True
+        return jobs
+
+    def take_jobs(self) -> list[tuple] | None:
+        """The jobs queued so far, now owned by the calling thread until jobs_done(); None
+        when there are none or another thread runs this store."""
+        with self._cond:
+            self._scheduled = False
+            if self._busy or not self._jobs or self._failed:
+                self._cond.notify_all()
+                return None
+            return self._take_locked()
+
+    def run_jobs(self, jobs: list[tuple]) -> None:
         try:
-            while True:
-                with self._cond:
-                    while (not self._jobs or self._busy) and not self._closed:
-                        self._cond.wait()
-                    if not self._jobs and self._closed:
-                        return
-                    jobs = list(self._jobs)
-                    self._jobs.clear()
-                    self._queued_bytes = 0
-                    self._busy = True
-                try:
-                    self._do(jobs)
-                finally:
-                    with self._cond:
-                        self._busy = False
+            self._do(jobs)
         except BaseException as exc:  # a failing WAL must stop the instance, loudly
-            log.exception("wal %s: WAL thread failed", self.wal_dir)
+            log.exception("wal %s: WAL work failed", self.wal_dir)
+            with self._cond:
+                self._failed = True
             self._on_error(exc)
+
+    def jobs_done(self) -> None:
+        """The thread that took jobs is done: jobs queued meanwhile go to the WAL thread."""
+        with self._cond:
+            self._busy = False
+            wake = bool(self._jobs) and not (self._scheduled or self._failed) and self._flusher is not None
+            if wake:
+                self._scheduled = True
+            self._cond.notify_all()
+        if wake:
+            self._flusher.schedule(self)  # type: ignore[union-attr]
 
     def _do(self, jobs: list[tuple]) -> None:
         i = 0

@@ -95,8 +95,11 @@ class VnodeFlush:
             return self.flush(wal, up_to_version)
 
     def _limit(self, up_to_version: int | None) -> int:
-        return self.applied_version if up_to_version is None \
+        limit = self.applied_version if up_to_version is None \
             else min(up_to_version, self.applied_version)
+        # Never past the begin of a transaction unfinished at the cut (docs/transactions.md
+        # §4): its staged rows are rebuilt from the WAL above the archive.
+        return self.txns.flush_limit(limit)
 
     def _next_cut(self, limit: int, strict: bool) -> tuple[int, PendingIngest | None]:
         """(lock held) Where the next flush step cuts, and the round it applies if any: the
@@ -170,6 +173,10 @@ class VnodeFlush:
                         step, superseded, files = [], [], list(old.files)
                     if ingest is not None:
                         killpoint(KP_APPLY_FILES)
+                        # Record version 2: the files it removes leave this manifest and
+                        # are deleted once it is durable (as superseded files are).
+                        files, removed = S.apply_removes(files, ingest.record.removes)
+                        superseded = superseded + removed
                         files += self._link_round(ingest)
                         killpoint(KP_APPLY_LINK)
                 except BaseException:
@@ -179,6 +186,9 @@ class VnodeFlush:
                             self._imem = None
                     raise
                 with self._lock:
+                    # The labels of the transactions finished up to the cut, before the
+                    # manifest that archives it (docs/transactions.md §4).
+                    self.txns.save(cut)
                     manifest = Manifest(old.precision, old.file_span_ms, cut, epoch, schemas,
                                         files)
                     self._store.commit(manifest, superseded)
@@ -206,9 +216,10 @@ class VnodeFlush:
             raise VnodeError(f"v{p.version}: files {missing} of round {rec.round} are no"
                              f" longer staged")
         out = []
+        self._store.link_in((S.abspath(self.path, rec.staged_name(k)), rec.archive_name(p.version, k))
+                            for k in range(len(rec.files)))
         for k, f in enumerate(rec.files):
             name = rec.archive_name(p.version, k)
-            self._store.link_in(S.abspath(self.path, rec.staged_name(k)), name)
             out.append(ArchivedFile(name, f.size, f.crc32c, f.table, f.bucket, f.ts_min,
                                     f.ts_max, f.min_version, f.max_version, f.rows,
                                     p.version, p.epoch, f.origin))

@@ -49,11 +49,14 @@ class VnodeQuery:
                      "archived_rows": archived.get(t, 0), "memtable_rows": mem.get(t, 0)}
                     for t in sorted(archived.keys() | mem.keys())]
 
-    def query(self, table: str, start: int, end: int) -> list[dict[str, Any]]:
+    def query(self, table: str, start: int, end: int, seen: list[int] | None = None
+              ) -> list[dict[str, Any]]:
         """Rows of `table` with start <= ts < end, in ts order, newest version per ts.
 
         Each row is {"ts", "_version", "_epoch", <every column of the table's schema>}
         (None where a row has no value). Archived files are verified (size, magic) as read.
+        `seen`, when given, gets the applied version the rows were taken at (the visible
+        version: every published transaction up to it, docs/transactions.md §4).
         """
         if type(table) is not str or R.TABLE_NAME_RE.fullmatch(table) is None:
             raise VnodeError(f"table name {table!r} does not match {R.TABLE_NAME_RULE}")
@@ -67,6 +70,8 @@ class VnodeQuery:
                 imem_rows = self._imem.range(table, start, end) if self._imem else []
                 files = self._store.files_of(table, start // span, (end - 1) // span)
                 columns = dict(self._schemas.get(table, {}))
+                if seen is not None:
+                    seen.append(self.applied_version)
             try:
                 archived = [self._store.read(f) for f in files]
                 break

@@ -20,7 +20,7 @@ import re
 import shutil
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,10 +29,19 @@ import pyarrow.parquet as pq
 from vrepl._core.crc32c import crc32c
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import PayloadError
-from vrepl.vnode.files import ARROW_TYPES, DATA_DIR, fsync_dir
-from vrepl.vnode.rows import (COLUMN_NAME_RE, INT64_MAX, INT64_MIN, PAYLOAD_FORMAT_FILES,
-                              PAYLOAD_MAGIC, RESERVED_COLUMNS, TABLE_NAME_RE, TYPE_NAMES,
-                              type_accepts)
+from vrepl.vnode.files import ARROW_TYPES, DATA_DIR, fsync_all
+from vrepl.vnode.rows import (
+    COLUMN_NAME_RE,
+    INT64_MAX,
+    INT64_MIN,
+    PAYLOAD_FORMAT_FILES,
+    PAYLOAD_MAGIC,
+    RESERVED_COLUMNS,
+    TABLE_NAME_RE,
+    TYPE_NAMES,
+    type_accepts,
+)
+
 PAYLOAD_HEADER_FILES = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_FILES])
 
 INGEST_DIR = "ingest"
@@ -53,6 +62,8 @@ ARCHIVE_NAME_RE = re.compile(r"b(-?\d+)-i(\d+)-(\d+)\.parquet")
 # Types of value columns in a file, as a table schema names them.
 FILE_TYPES = {v: k for k, v in ARROW_TYPES.items()}
 CRC_CHUNK_BYTES = 64 * 1024 * 1024
+# The JSON's "v": absent in version 1 (adds only); 2 adds "remove" (and names the adds "add").
+RECORD_VERSION_REMOVES = 2
 
 
 def name_invalid(name: Any) -> str | None:
@@ -105,13 +116,29 @@ class IngestEntry:
 
 
 @dataclass(frozen=True)
+class IngestRemove:
+    """An archived file a round removes (docs/vnode.md §9.2, record version 2): an ingested
+    file, by its archive name (the same on every replica), with the size and magic the
+    manifest names it with."""
+
+    name: str               # data/<table>/b<bucket>-i<version>-<k>.parquet
+    size: int
+    crc32c: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size, "crc32c": self.crc32c}
+
+
+@dataclass(frozen=True)
 class IngestRecord:
-    """The decoded payload of a format-8 record: a round of files."""
+    """The decoded payload of a format-8 record: a round of files to add, and (record
+    version 2) archived files to remove, all at one flush point."""
 
     round: str
     kind: str
     meta: Mapping[str, Any]
     files: tuple[IngestEntry, ...]
+    removes: tuple[IngestRemove, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -150,8 +177,16 @@ def is_ingest_payload(payload: bytes | memoryview) -> bool:
 
 
 def encode_ingest_payload(rec: IngestRecord) -> bytes:
-    doc = {"round": rec.round, "kind": rec.kind, "meta": dict(rec.meta),
-           "files": [f.to_json() for f in rec.files]}
+    """Record version 1 (`files`) when the round removes nothing, else version 2 (`"v": 2`,
+    `add` and `remove`): a node that reads only version 1 refuses a version-2 record (no
+    `files` key) instead of applying its adds without its removals."""
+    doc: dict[str, Any] = {"round": rec.round, "kind": rec.kind, "meta": dict(rec.meta)}
+    if rec.removes:
+        doc["v"] = RECORD_VERSION_REMOVES
+        doc["add"] = [f.to_json() for f in rec.files]
+        doc["remove"] = [r.to_json() for r in rec.removes]
+    else:
+        doc["files"] = [f.to_json() for f in rec.files]
     return PAYLOAD_HEADER_FILES + json.dumps(doc, ensure_ascii=False, allow_nan=False,
                                              separators=(",", ":")).encode("utf-8")
 
@@ -199,6 +234,36 @@ def _entry(doc: Any) -> IngestEntry:
     return e
 
 
+def removal_name_invalid(name: Any) -> str | None:
+    """Why a removal's name is not the archive name of an ingested file, or None."""
+    if type(name) is not str:
+        return "a removal's name is not a string"
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != DATA_DIR or TABLE_NAME_RE.fullmatch(parts[1]) is None \
+            or ARCHIVE_NAME_RE.fullmatch(parts[2]) is None:
+        return (f"removal {name[:80]!r} is not the archive name of an ingested file"
+                f" ({DATA_DIR}/<table>/b<bucket>-i<version>-<k>.parquet)")
+    return None
+
+
+def _remove(doc: Any) -> IngestRemove:
+    if not isinstance(doc, dict):
+        raise ValueError("a removal is not an object")
+    reason = removal_name_invalid(doc["name"])
+    if reason is not None:
+        raise ValueError(reason)
+    return IngestRemove(doc["name"], _int(doc, "size", 0), _int(doc, "crc32c", 1, 0xFFFFFFFF))
+
+
+def counts_invalid(adds: int, removes: int) -> str | None:
+    """Why a round of `adds` files and `removes` removals cannot be one record, or None."""
+    if not 0 <= adds <= MAX_ROUND_FILES or not 0 <= removes <= MAX_ROUND_FILES \
+            or adds + removes == 0:
+        return (f"a round names 0..{MAX_ROUND_FILES} files to add and 0..{MAX_ROUND_FILES}"
+                f" to remove, at least one in all (got {adds} and {removes})")
+    return None
+
+
 def decode_ingest_payload(payload: bytes | memoryview, version: int | None = None
                           ) -> IngestRecord:
     """The round a format-8 payload names; PayloadError (naming the version) if malformed."""
@@ -211,7 +276,16 @@ def decode_ingest_payload(payload: bytes | memoryview, version: int | None = Non
     try:
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
-        rid, kind, meta, files = doc["round"], doc["kind"], doc["meta"], doc["files"]
+        rid, kind, meta = doc["round"], doc["kind"], doc["meta"]
+        if "v" not in doc:              # record version 1: adds only, at least one
+            files, removes = doc["files"], []
+            if isinstance(files, list) and not files:
+                raise ValueError(f"a round names 1..{MAX_ROUND_FILES} files")
+        elif doc["v"] == RECORD_VERSION_REMOVES:
+            files, removes = doc["add"], doc["remove"]
+        else:
+            raise ValueError(f"record version {str(doc['v'])[:20]} (this node reads 1 and"
+                             f" {RECORD_VERSION_REMOVES})")
         if type(rid) is not str or ROUND_RE.fullmatch(rid) is None:
             raise ValueError(f"round {str(rid)[:40]!r} is not 16 lowercase hex digits")
         if type(kind) is not str or KIND_RE.fullmatch(kind) is None:
@@ -219,11 +293,60 @@ def decode_ingest_payload(payload: bytes | memoryview, version: int | None = Non
         reason = meta_invalid(meta)
         if reason is not None:
             raise ValueError(reason)
-        if not isinstance(files, list) or not 1 <= len(files) <= MAX_ROUND_FILES:
-            raise ValueError(f"a round names 1..{MAX_ROUND_FILES} files")
-        return IngestRecord(rid, kind, meta, tuple(_entry(f) for f in files))
+        if not isinstance(files, list) or not isinstance(removes, list):
+            raise ValueError("add, remove or files is not a list")
+        reason = counts_invalid(len(files), len(removes))
+        if reason is not None:
+            raise ValueError(reason)
+        rec = IngestRecord(rid, kind, meta, tuple(_entry(f) for f in files),
+                           tuple(_remove(r) for r in removes))
+        if len({r.name for r in rec.removes}) != len(rec.removes):
+            raise ValueError("a file is removed twice")
+        return rec
     except (KeyError, TypeError, ValueError) as exc:
         raise PayloadError(f"malformed ingest payload: {exc}", version) from None
+
+
+def removes_invalid(removes: tuple[IngestRemove, ...],
+                    archived: Callable[[str], tuple[int, int, int] | None],
+                    pending: Mapping[str, tuple[int, int]]) -> str | None:
+    """(master, before forwarding) Why a round's removals do not each name an ingested file
+    of the archive (`archived(name)`: (size, magic, ingest_version) or None) or of a pending
+    round (`pending`: archive name -> (size, magic)) with the size and magic given, or None.
+    Applying a removal whose file is gone by then (another round removed it) is a no-op on
+    every replica alike."""
+    seen: set[str] = set()
+    for r in removes:
+        reason = removal_name_invalid(r.name)
+        if reason is not None:
+            return reason
+        if r.name in seen:
+            return f"{r.name} is removed twice"
+        seen.add(r.name)
+        got = archived(r.name)
+        have = (got[0], got[1]) if got is not None and got[2] else pending.get(r.name)
+        if have is None:
+            return f"{r.name}: no such ingested file in the archive (nothing to remove)"
+        if have != (r.size, r.crc32c):
+            return (f"{r.name}: the archive names it with {have[0]} bytes, magic"
+                    f" {have[1]:#010x}; the removal says {r.size}, {r.crc32c:#010x}")
+    return None
+
+
+def apply_removes(files: list[Any], removes: tuple[IngestRemove, ...]
+                  ) -> tuple[list[Any], list[Any]]:
+    """(applying a round) The manifest's entries `files` without those the round removes
+    (named, ingested, with the size and magic given), and the removed entries."""
+    if not removes:
+        return files, []
+    gone = {(r.name, r.size, r.crc32c) for r in removes}
+    keep, removed = [], []
+    for f in files:
+        if f.ingest_version and (f.name, f.size, f.magic) in gone:
+            removed.append(f)
+        else:
+            keep.append(f)
+    return keep, removed
 
 
 # -- the staging area ----------------------------------------------------------------------------
@@ -287,25 +410,22 @@ def file_crc_magic(fd: int) -> tuple[int, int]:
     return size, crc or 1
 
 
-def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def stage_file(src: str, path: str, round_id: str, k: int, fsync: bool = True) -> str:
-    """Move a checked file (the producer's, or one fetched into a .part) to its staged name,
-    durably: the file is fsynced, renamed, and its directory fsynced. Returns the name."""
-    dst = abspath(path, staged_name(round_id, k))
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
+def stage_files(path: str, round_id: str, moves: Sequence[tuple[str, int]],
+                fsync: bool = True) -> None:
+    """Move checked files (a producer's, or fetched into a .part) to their staged names,
+    durably: `moves` is (source path, k) pairs. Every file is fsynced first (together), then
+    renamed, then the round's directory fsynced once (and `ingest/staged/`, which names it):
+    a name is durable only once its bytes are."""
+    if not moves:
+        return
+    rdir = staged_round_path(path, round_id)
+    os.makedirs(rdir, exist_ok=True)
     if fsync:
-        fsync_file(src)
-    os.replace(src, dst)
+        fsync_all([src for src, _ in moves])
+    for src, k in moves:
+        os.replace(src, abspath(path, staged_name(round_id, k)))
     if fsync:
-        fsync_dir(os.path.dirname(dst))
-    return dst
+        fsync_all([rdir, os.path.dirname(rdir)])
 
 
 def new_round_id() -> str:
@@ -317,8 +437,7 @@ def new_round_id() -> str:
 def stage_round(path: str, rec: IngestRecord, sources: list[str], fsync: bool = True) -> None:
     """(master) Move a checked round's files from `sources` (in the incoming directory) to
     their staged names, durably, before the record that names them is forwarded."""
-    for k, src in enumerate(sources):
-        stage_file(src, path, rec.round, k, fsync)
+    stage_files(path, rec.round, [(src, k) for k, src in enumerate(sources)], fsync)
 
 
 def clean_staging(path: str, keep_rounds: set[str], clear_incoming: bool = True) -> list[str]:
@@ -375,7 +494,7 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
     try:
         pf = pq.ParquetFile(full, memory_map=True)
         schema = pf.schema_arrow
-        keys = pf.read(columns=["ts", "_version", "_epoch"]) \
+        keys = pf.read(columns=["ts", "_version", "_epoch"], use_threads=False) \
             if all(c in schema.names for c in ("ts", "_version", "_epoch")) else None
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -426,11 +545,12 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
                              columns)
 
 
-def round_invalid(entries: list[IngestEntry]) -> str | None:
+def round_invalid(entries: list[IngestEntry], removes: int = 0) -> str | None:
     """Why a checked round cannot be one record: two files of a table overlap in ts (their
     rows would tie: one record, one rank), or the round is empty or too large."""
-    if not 1 <= len(entries) <= MAX_ROUND_FILES:
-        return f"a round names 1..{MAX_ROUND_FILES} files, got {len(entries)}"
+    reason = counts_invalid(len(entries), removes)
+    if reason is not None:
+        return reason
     by_table: dict[str, list[IngestEntry]] = {}
     for e in entries:
         by_table.setdefault(e.table, []).append(e)

@@ -42,6 +42,9 @@ from vrepl.vnode.flush import (KP_APPLY_CLEANUP, KP_APPLY_FILES, KP_APPLY_LINK, 
 from vrepl.vnode.memtable import Memtable
 from vrepl.vnode.query import QUERY_RETRIES, VnodeQuery
 from vrepl.vnode.restoreinfo import WAL_DIR, FileInfo, VnodeRestoreInfo, WalInfo
+from vrepl.txn.machine import Outcome
+from vrepl.txn.record import is_txn_payload
+from vrepl.vnode.txnapply import DEFAULT_LABEL_RETENTION_MS, VnodeTxns
 from vrepl.wal import WalReader, inspect  # read only: the WAL is the sync's
 
 MSG_TYPE_DATA = 1            # vrepl.wal.MSG_TYPE_DATA: records the vnode decodes
@@ -57,7 +60,8 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
     WAL above the archived version. See the module doc for which thread calls what."""
 
     def __init__(self, path: str, config: VnodeConfig | None = None, *,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 txn_label_retention_ms: int = DEFAULT_LABEL_RETENTION_MS):
         self.config = cfg = config or VnodeConfig()
         reason = config_invalid(cfg)
         if reason is not None:
@@ -77,6 +81,8 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
         # §retries): a retried request whose id is here is answered, not written again.
         self._rids: OrderedDict[str, int] = OrderedDict()
         self._closed = False
+        # Transactions (docs/transactions.md): their table, rebuilt with the memtable.
+        self.txns = VnodeTxns(self.path, txn_label_retention_ms, cfg.fsync)
         self._load_from_manifest()
         self.role = "unsynced"
         self.flow_control = 0
@@ -91,6 +97,8 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
         self.applied_epoch = m.archived_epoch
         # Rounds of files applied above the archive, in version order (docs/vnode.md §9.3).
         self._ingests: OrderedDict[int, PendingIngest] = OrderedDict()
+        # Transactions finished in the archive (the labels file); the WAL replays the rest.
+        self.txns.load(m.archived_version)
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -298,6 +306,9 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
             if msg_type == MSG_TYPE_DATA and S.is_ingest_payload(payload):
                 self._note_ingest(version, epoch, payload)
                 return True
+            if msg_type == MSG_TYPE_DATA and is_txn_payload(payload):
+                self._apply_txn(version, epoch, payload)
+                return True
             if msg_type != MSG_TYPE_DATA or R.is_noop(payload):
                 # No rows: only the version advances (a no-op, docs/vnode.md §2).
                 self.applied_version = version
@@ -318,6 +329,27 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
                 if rid is not None:
                     self._note_rid(rid, version)
             return True
+
+    def apply_txn(self, version: int, epoch: int, payload: bytes) -> Outcome | None:
+        """write_to_cache for a transaction record (format 9), returning what applying it
+        did (docs/transactions.md §2); None if `version` was already applied."""
+        with self._lock:
+            self._check_open()
+            if version <= self.applied_version:
+                return None
+            return self._apply_txn(version, epoch, payload)
+
+    def _apply_txn(self, version: int, epoch: int, payload: bytes) -> Outcome:
+        """(lock held) A transaction step: staged rows stay out of the memtable; the publish
+        (commit record) appends every staged batch at its version, in this one step."""
+        out, added, rows, nbytes = self.txns.apply(version, payload, self._schemas)
+        if rows:
+            self._apply_locked(version, epoch, rows, added, nbytes)
+        else:
+            self._add_columns(added)
+            self.applied_version = version
+            self.applied_epoch = max(self.applied_epoch, epoch)
+        return out
 
     def _note_ingest(self, version: int, epoch: int, payload: bytes) -> None:
         """(lock held) A round's record: check its columns against the schemas, take its
@@ -517,7 +549,7 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
                     "memtable_rows": self._mem.rows, "memtable_bytes": self._mem.bytes,
                     "flushing": self._imem is not None,
                     "files": len(m.files), "tables": len(self._schemas),
-                    "flow_control": self.flow_control}
+                    "flow_control": self.flow_control, "txn": self.txns.status()}
 
     def close(self, wal: Any = None, up_to_version: int | None = None) -> None:
         """Flush (durably) the rows up to `up_to_version` (None: all; see flush) and refuse

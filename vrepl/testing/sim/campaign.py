@@ -74,6 +74,8 @@ def run_seed(seed: int, opts: SimOptions, profile: str = "default", fixes: bool 
             kind, message = "crash", f"{type(exc).__name__}: {exc}"
     r = world.restores
     world.stats.restores, world.stats.restores_ok, world.stats.restores_failed = r.started, r.ended_ok, r.failed
+    world.stats.restores_with_files, world.stats.restore_files_sent = r.with_files, r.files_sent
+    world.stats.restores_files_changed = r.files_changed
     if not kind:
         world.stats.lost = len(world.history.lost)
     return SeedResult(
@@ -111,6 +113,9 @@ class Summary:
     restores: int = 0
     restores_ok: int = 0
     restores_failed: int = 0
+    restores_with_files: int = 0
+    restore_files_sent: int = 0
+    restores_files_changed: int = 0
     recovery_ticks: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -127,6 +132,9 @@ class Summary:
         self.restores += s.restores
         self.restores_ok += s.restores_ok
         self.restores_failed += s.restores_failed
+        self.restores_with_files += s.restores_with_files
+        self.restore_files_sent += s.restore_files_sent
+        self.restores_files_changed += s.restores_files_changed
         if r.ok:
             self.lost += s.lost
             self.runs_with_loss += 1 if s.lost else 0
@@ -165,6 +173,9 @@ class Summary:
             "restores": self.restores,
             "restores_ok": self.restores_ok,
             "restores_failed": self.restores_failed,
+            "restores_with_files": self.restores_with_files,
+            "restore_files_sent": self.restore_files_sent,
+            "restores_files_changed": self.restores_files_changed,
             "recovery_ticks_p50": self.percentile(50),
             "recovery_ticks_p99": self.percentile(99),
             "recovery_ticks_max": max(self.recovery_ticks, default=-1),
@@ -180,7 +191,9 @@ class Summary:
             f" confirmed then lost {d['confirmed_lost']} (in {d['runs_with_loss']} runs)",
             f"  elections {d['elections']}, crashes {d['crashes']}, partitions {d['partitions']}",
             f"  app flushes {d['app_flushes']} (flush limit {d['flush_limit']}), rows archived {d['app_rows_archived']}",
-            f"  restore sessions {d['restores']}: {d['restores_ok']} ended ok, {d['restores_failed']} failed",
+            f"  restore sessions {d['restores']}: {d['restores_ok']} ended ok, {d['restores_failed']} failed;"
+            f" {d['restores_with_files']} with a files phase ({d['restore_files_sent']} files sent,"
+            f" {d['restores_files_changed']} stopped by a file changed on the source)",
             f"  ticks to recover after healing: p50 {d['recovery_ticks_p50']}, p99 {d['recovery_ticks_p99']},"
             f" max {d['recovery_ticks_max']}",
             f"  {d['seconds']} s",

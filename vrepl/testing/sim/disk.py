@@ -21,6 +21,7 @@ from vrepl.replica import (
 from vrepl.testing.sim.checker import SafetyViolation
 from vrepl.testing.sim.options import UNITS_PER_TICK
 from vrepl.testing.sim.ports import SimError, SimNode
+from vrepl.testing.sim.restore_ports import app_flushed
 
 
 class SimDiskAndApp:
@@ -50,6 +51,8 @@ class SimDiskAndApp:
             raise SafetyViolation(f"n{sn.node} truncates its WAL after v{version}, below its commit version"
                                   f" v{sn.app_commit}")
         archived = len(sn.archive)
+        if sn.restored_files_version:
+            archived = len(sn.wal)  # restored files beyond the WAL: not archived from it
         if version < archived:
             # Issue 13: the app archived records the group never confirmed; the WAL now cuts
             # them, and the node would go on serving the wrong rows.
@@ -94,6 +97,24 @@ class SimDiskAndApp:
             self._local(sn, TruncateDone(sn.wal[-1].epoch if sn.wal else 0, arg))
         self._start_job(sn)
 
+    def wal_rebase(self, sn: SimNode, base_version: int, base_epoch: int) -> None:
+        """Storage.rebase after a restore installed files up to `base_version`: production
+        resets the WAL to continue after it; the simulated WAL (a list from v1) takes the
+        restored files' records instead, durable (they are in fsynced files)."""
+        have = len(sn.wal)
+        if base_version > len(sn.archive) or have > base_version or sn.archive[:have] != sn.wal:
+            raise SimError(f"n{sn.node} WAL rebase at v{base_version}: its WAL (v{have}) is not a prefix of its"
+                           f" restored archive (v{len(sn.archive)})")
+        for rec in sn.archive[have:base_version]:
+            sn.wal.append(rec)
+            self.history.on_append(sn.node, rec)
+        if base_version and sn.wal[-1].epoch != base_epoch:
+            raise SimError(f"n{sn.node} WAL rebase at e{base_epoch}v{base_version} but the files hold"
+                           f" {sn.wal[-1].describe()}")
+        sn.durable = max(sn.durable, base_version)
+        sn.restored_files_version = 0
+        self._trace(f"n{sn.node} WAL rebased on restored files at v{base_version}")
+
     def wal_read(self, sn: SimNode, reader: int, from_version: int) -> None:
         """Storage.read_wal: the next block (1-8 records, as written: the page cache is
         readable) comes back as a completion through the driver's wal_block."""
@@ -126,6 +147,13 @@ class SimDiskAndApp:
         """Start-up: the app reloads its archive and replays its WAL above the archived
         version into the memtable (docs/vnode.md §6)."""
         archived = len(sn.archive)
+        if sn.restored_files_version and sn.archive[:len(sn.wal)] == sn.wal:
+            # A crash between a restore's swap and its WAL rebase (docs/restore.md §10): the
+            # files are ahead of the WAL; the app serves them and skips what it holds.
+            sn.memtable = []
+            sn.app_commit = 0
+            sn.commit_checked = 0
+            return
         if archived > len(sn.wal) or sn.wal[:archived] != sn.archive:
             raise SafetyViolation(f"n{sn.node} starts with its app archived up to v{archived} but its WAL"
                                   f" ends at v{len(sn.wal)} or differs below it (flush limit"
@@ -139,6 +167,12 @@ class SimDiskAndApp:
         for rec in records:
             v = rec.version
             applied = len(sn.archive) + len(sn.memtable)
+            if sn.restored_files_version and v <= applied and not sn.memtable:
+                # Restored files ahead of the WAL: the vnode skips what it holds.
+                if sn.archive[v - 1] != rec:
+                    raise SafetyViolation(f"n{sn.node} app skips {rec.describe()} but its restored files hold"
+                                          f" {sn.archive[v - 1].describe()} there")
+                continue
             if v != applied + 1:
                 raise SimError(f"n{sn.node} app applies v{v} after v{applied}")
             have = sn.wal[v - 1] if v <= len(sn.wal) else None
@@ -165,6 +199,7 @@ class SimDiskAndApp:
         limit = applied if self.opts.flush_limit == "applied" else min(applied, sn.app_commit)
         if limit > archived:
             k = limit - archived
+            app_flushed(sn, archived + 1, limit)
             sn.archive.extend(sn.memtable[:k])
             del sn.memtable[:k]
             self.stats.flushes += 1

@@ -81,6 +81,9 @@ class SimOptions:
     restore: bool = True
     restore_min_lag_versions: int = 8
     restore_cut_rate: float = 0.01
+    # Of the sessions whose follower lacks only what the master's archive holds (its WAL
+    # could have been recycled below the archive): the share that runs the files phase.
+    restore_files_share: float = 0.5
 
     trace_len: int = 60  # events kept for the failure report
 

@@ -84,6 +84,12 @@ class SimNode:
     archive: list[Record] = field(default_factory=list)
     app_commit: int = 0
     commit_checked: int = 0
+    # The app's files (vrepl/testing/sim/restore_ports.py): (first, last) version ranges of
+    # its data files over the archive; files a restore staged (kept across crashes); the
+    # archived version restored files installed beyond the WAL (0 once the WAL reaches it).
+    files: list[tuple[int, int]] = field(default_factory=list)
+    staged: dict[str, bytes] = field(default_factory=dict)
+    restored_files_version: int = 0
     local: Channel | None = None
     sock: dict[int, int | None] = field(default_factory=dict)  # peer -> connection gen this node holds
     arb_sock: int | None = None
@@ -120,6 +126,8 @@ class WorldHooks(Protocol):
     def wal_truncate(self, sn: SimNode, version: int) -> None: ...
 
     def wal_read(self, sn: SimNode, reader: int, from_version: int) -> None: ...
+
+    def wal_rebase(self, sn: SimNode, base_version: int, base_epoch: int) -> None: ...
 
     def app_write(self, sn: SimNode, records: list[Record]) -> None: ...
 
@@ -196,7 +204,7 @@ class SimPorts:
         self.w.wal_truncate(self.sn, version)
 
     def rebase(self, base_version: int, base_epoch: int) -> None:
-        raise SimError("the simulator wires no restore: a WAL rebase cannot happen")
+        self.w.wal_rebase(self.sn, base_version, base_epoch)
 
     def first_version(self) -> int:
         return 1 if self.sn.wal else 0  # the simulated WAL is never recycled

@@ -1,33 +1,37 @@
-"""Restore sessions in the simulation: the simulator's `Restorer` port (docs/simulation.md
-§Restore, docs/restore.md).
+"""Restore sessions in the simulation: the simulator's `Restorer` port, running production's
+session code (docs/simulation.md §Restore, docs/restore.md).
 
-Owns: `SimRestorer` (one per node: the driver's `Restorer`, wired when the run restores) and
-`RestoreSession`, the WAL phase of one retrieve session from a master to a follower, stepped
-on simulated time: the follower begins (waiting while its SyncStart has not arrived), the
-master's WAL is read from the version the follower asks for and fed to it block by block
-while it grows (the last-WAL tail), the master switches the follower to live forwards
-(SYNC_CACHE) near its log end, the stream covers the switch point and the follower ends the
-restore. Every question to a replica and every event goes through the production driver's
-`ReplicaRestore` (vrepl/driver/restoring.py), as production's sessions do from their
-threads. A session fails when either process crashes, when the connection it runs over is
-cut, or when a replica refuses a step; both sides are then told (PeerRestoreFailed,
-RestoreEnded not ok), as production's sessions tell them.
+Owns: `SimRestorer` (one per node: the driver's `Restorer`, wired when the run restores),
+`SessionRunner` and `RestoreSession`: one retrieve session from a master to a follower is
+production's `Sender.session()` and `Receiver.session()` (vrepl/restore/sender.py,
+receiver.py), two generators stepped on simulated time over a simulated sync connection
+(vrepl/testing/sim/restore_io.py: the real protocol codec) and the simulated nodes' ports
+(vrepl/testing/sim/restore_ports.py: the app's files, the WAL, the driver's
+`ReplicaRestore`). The files phase runs when the master's archive covers what the follower
+lacks (the simulator's stand-in for a WAL recycled below the archive) in
+`restore_files_share` of those sessions. A session fails when either process crashes, when
+the connection it runs over is cut, or when either side's code raises (a refused step, a
+file changed on the source mid-restore, bad data); both sides are then told
+(PeerRestoreFailed, RestoreEnded not ok), as production's sessions tell them.
 Must not: read or write a replica's state except through the driver, or use anything random
-but the world's PRNG. The session code of production (vrepl/restore/sender.py, receiver.py:
-files phase, sockets, inotify) is not what runs here (docs/simulation.md §Not done).
+but the world's PRNG.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from vrepl.driver import WAIT
-from vrepl.testing.records import encode_block
+from vrepl.errors import FrameError
+from vrepl.restore.errors import FilesChanged, RestoreError
+from vrepl.restore.receiver import Receiver
+from vrepl.restore.sender import Sender, SenderOptions
 from vrepl.testing.sim.ports import SimNode
+from vrepl.testing.sim.restore_io import RECV, SimPipe, SimSessionIO
+from vrepl.testing.sim.restore_ports import SimSink, SimSource, SimSourceStore, SimStaging
 
 SWITCH_LAG_VERSIONS = 2  # the stream this close to the master's log end: live forwards start
-BEGIN_WAIT_UNITS = 200  # a follower that has not matched its log by then: the session fails
+WAL_WAIT_S = 10.0  # records the switch promised that never become readable: fail after this
 
 
 class RestoreWorld(Protocol):
@@ -40,7 +44,7 @@ class RestoreWorld(Protocol):
 
     def session_blocked(self, session: "RestoreSession") -> bool: ...
 
-    def schedule_session(self, session: "RestoreSession", delay: int) -> None: ...
+    def schedule_session(self, session: "RestoreSession", time: int) -> None: ...
 
     def call_driver(self, sn: SimNode, what: str, call: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -52,6 +56,21 @@ class RestoreWorld(Protocol):
 
     def conn_gen(self, a: int, b: int) -> int: ...
 
+    def files_share_drawn(self) -> bool: ...
+
+
+@dataclass
+class _Side:
+    """One side's generator and what it waits for (RECV, a wake time, or nothing yet)."""
+
+    name: str
+    gen: Any
+    io: SimSessionIO
+    inbound: SimPipe
+    wake: int | None = 0  # None: waiting for bytes
+    finished: bool = False
+    result: Any = None
+
 
 @dataclass
 class RestoreSession:
@@ -61,11 +80,12 @@ class RestoreSession:
     follower_inc: int
     gen: int  # the generation of the connection the session runs over
     epoch: int
-    state: str = "begin"  # begin -> wal -> done
+    files: bool = False
+    state: str = "begin"  # begin -> begun | files -> wal -> done
     began_at: int = 0
-    sent: int = 0  # the last version the follower has
-    prev_epoch: int = 0
-    target: int | None = None  # the switch point (SYNC_CACHE): stream up to here, then end
+    sides: list[_Side] = field(default_factory=list)
+    scheduled: set = field(default_factory=set)
+    sender: Sender | None = None
 
     def describe(self) -> str:
         return f"restore n{self.master}->n{self.follower} e{self.epoch}"
@@ -79,7 +99,7 @@ class SimRestorer:
         self.sn = sn
 
     def start_sender(self, node: int, first_version: int, last_version: int) -> None:
-        self.w.start_session(self.sn, node)
+        self.w.start_session(self.sn, node, first_version)
 
 
 class SessionRunner:
@@ -91,108 +111,102 @@ class SessionRunner:
         self.started = 0
         self.ended_ok = 0
         self.failed = 0
+        self.with_files = 0
+        self.files_sent = 0
+        self.files_changed = 0  # sessions failed because a file changed on the source
+        self.cancelled = 0  # replaced by a newer session for the same follower
 
-    def start_session(self, m: SimNode, follower: int) -> None:
+    def start_session(self, m: SimNode, follower: int, first_version: int = 0) -> None:
         w = self.w
+        # The files phase: when the master's archive holds what the follower lacks (its WAL
+        # could have been recycled below the archive), in a share of those sessions.
+        files = len(m.archive) >= first_version > 0 and w.files_share_drawn()
         s = RestoreSession(m.node, follower, m.inc, w.nodes[follower].inc, w.conn_gen(m.node, follower),
-                           m.replica.promised_epoch if m.replica else 0, began_at=w.now)
-        self.sessions[(m.node, follower)] = s  # a session running for it is replaced
+                           m.replica.promised_epoch if m.replica else 0, files=files, began_at=w.now)
+        old = self.sessions.get((m.node, follower))
+        if old is not None and old.state != "done":
+            # The follower asked again (a new SyncRequest): production cancels the old one,
+            # which tells neither replica (the new session supersedes it).
+            # Its generators are dropped, not closed: this may run inside one of them (a
+            # call into the master's driver that starts a session).
+            old.state = "done"
+            self.cancelled += 1
+        self.sessions[(m.node, follower)] = s
         self.started += 1
-        w.note(f"{s.describe()} starts")
-        w.schedule_session(s, w.latency(m.node, follower))
+        self.with_files += files
+        f = w.nodes[follower]
+        to_f, to_m = SimPipe(), SimPipe()
+        clock = lambda: w.now  # noqa: E731
+        m_io = SimSessionIO(clock, lambda: w.latency(m.node, follower), to_f)
+        f_io = SimSessionIO(clock, lambda: w.latency(follower, m.node), to_m)
+        opts = SenderOptions(live=True, files=files, switch_lag_versions=SWITCH_LAG_VERSIONS, wal_wait_s=WAL_WAIT_S)
+        s.sender = Sender(SimSource(w, m, follower), opts, name=s.describe(), store=SimSourceStore(w, m))
+
+        def on_state(state: str) -> None:
+            s.state = state
+
+        receiver = Receiver(SimSink(w, f, m.node, on_state), name=s.describe(), staging=lambda: SimStaging(f))
+        s.sides = [_Side("sender", s.sender.session(m_io), m_io, to_m),
+                   _Side("receiver", receiver.session(f_io), f_io, to_f)]
+        w.note(f"{s.describe()} starts ({'files + WAL' if files else 'WAL'})")
+        self._schedule(s, w.now + w.latency(m.node, follower))
+
+    def _schedule(self, s: RestoreSession, time: int) -> None:
+        if time not in s.scheduled:
+            s.scheduled.add(time)
+            self.w.schedule_session(s, time)
+
+    def _current(self, s: RestoreSession) -> bool:
+        return self.sessions.get((s.master, s.follower)) is s and s.state != "done"
 
     def step(self, s: RestoreSession) -> None:
         w = self.w
-        if self.sessions.get((s.master, s.follower)) is not s or s.state == "done":
+        s.scheduled.discard(w.now)
+        if not self._current(s):
             return
         why = w.session_alive(s)
         if why:
             self._fail(s, why)
             return
         if w.session_blocked(s):
-            w.schedule_session(s, 10)  # TCP retransmits until the partition heals or a side gives up
+            self._schedule(s, w.now + 10)  # TCP retransmits until the partition heals or a side gives up
             return
-        m, f = w.nodes[s.master], w.nodes[s.follower]
-        if s.state == "begin":
-            self._begin(s, m, f)
-        else:
-            self._stream(s, m, f)
-
-    def _begin(self, s: RestoreSession, m: SimNode, f: SimNode) -> None:
-        w = self.w
-        refusal = w.call_driver(f, f"{s.describe()}: begin", f.driver.restore.begin_refusal, s.master, s.epoch)
-        if not self._alive(s):
+        for side in s.sides:
+            while side.inbound.q and side.inbound.q[0][0] <= w.now:
+                side.io.inbuf += side.inbound.q.popleft()[1]
+        for side in s.sides:
+            if side.finished or not self._current(s):
+                continue
+            if (side.wake is None and side.io.inbuf) or (side.wake is not None and side.wake <= w.now):
+                self._advance(s, side)
+        if not self._current(s):
             return
-        if refusal == WAIT:
-            if w.now - s.began_at > BEGIN_WAIT_UNITS:
-                self._fail(s, "the follower never matched its log with the master")
-            else:
-                w.schedule_session(s, 5)
-            return
-        if refusal:
-            self._fail(s, refusal)
-            return
-        first = f.driver.restore.wal_from(0)
-        upto = m.driver.restore.history_upto(first - 1)
-        if isinstance(upto, str):
-            self._fail(s, upto)
-            return
-        s.prev_epoch, _ = upto
-        s.sent = first - 1
-        s.state = "wal"
-        w.note(f"{s.describe()} begun: WAL from v{first}")
-        w.schedule_session(s, w.latency(s.master, s.follower))
-
-    def _stream(self, s: RestoreSession, m: SimNode, f: SimNode) -> None:
-        """One block of the WAL phase: read what the master's WAL holds after `sent` (as
-        written: the page cache is readable), feed it, switch near the end, end at the
-        switch point."""
-        w = self.w
-        why = m.driver.restore.stop_reason(s.follower, s.epoch)
-        if why:
-            self._fail(s, why)
-            return
-        end = m.replica.last_version
-        if s.target is not None:
-            end = min(end, s.target)
-        recs = m.wal[s.sent: min(end, s.sent + w.chunk_records())]
-        if recs:
-            block, scan = encode_block(recs)
-            why = w.call_driver(f, f"{s.describe()}: v{recs[0].version}..v{recs[-1].version}",
-                                f.driver.restore.feed, s.master, block, scan, s.prev_epoch)
-            if not self._alive(s):
-                return
-            if why:
-                self._fail(s, why)
-                return
-            s.sent, s.prev_epoch = recs[-1].version, recs[-1].epoch
-        if s.target is None and m.replica.last_version - s.sent <= SWITCH_LAG_VERSIONS:
-            target = w.call_driver(m, f"{s.describe()}: sync cache", m.driver.restore.caught_up, s.follower)
-            if not self._alive(s):
-                return
-            s.target = target
-            w.note(f"{s.describe()}: live forwards after v{target}")
-        if s.target is not None and s.sent >= s.target:
-            done = w.call_driver(f, f"{s.describe()}: end at v{s.sent}", f.driver.restore.end, s.master, s.sent)
-            if not self._alive(s):
-                return
-            if isinstance(done, str):
-                self._fail(s, done)
-                return
+        if all(side.finished for side in s.sides):
             s.state = "done"
-            self.ended_ok += 1
             del self.sessions[(s.master, s.follower)]
-            w.note(f"{s.describe()} done at v{done}")
+            self.ended_ok += 1
+            self.files_sent += s.sender.stats.files_sent if s.sender else 0
+            w.note(f"{s.describe()} done at v{s.sides[1].result}")
             return
-        w.schedule_session(s, w.latency(s.master, s.follower))
+        times = [side.inbound.q[0][0] for side in s.sides if side.inbound.q]
+        times += [side.wake for side in s.sides if side.wake is not None and not side.finished]
+        if not times:
+            self._fail(s, "both sides wait for the other (a protocol deadlock)")
+            return
+        self._schedule(s, max(w.now + 1, min(times)))
 
-    def _alive(self, s: RestoreSession) -> bool:
-        """After a call into a driver (which may crash its process): go on?"""
-        why = self.w.session_alive(s)
-        if why:
-            self._fail(s, why)
-            return False
-        return self.sessions.get((s.master, s.follower)) is s
+    def _advance(self, s: RestoreSession, side: _Side) -> None:
+        """Run one side until it waits; its failure fails the session."""
+        try:
+            waited = side.gen.send(None)
+        except StopIteration as done:
+            side.finished, side.result, side.wake = True, done.value, None
+            return
+        except (RestoreError, FrameError) as exc:
+            self.files_changed += isinstance(exc, FilesChanged)
+            self._fail(s, f"{side.name}: {exc}")
+            return
+        side.wake = None if waited == RECV else self.w.now + int(waited)
 
     def _fail(self, s: RestoreSession, reason: str) -> None:
         """Both sides hear of it, each if its process still runs the session."""
@@ -204,8 +218,12 @@ class SessionRunner:
         s.state = "done"
         self.failed += 1
         w.note(f"{s.describe()} fails: {reason}")
+        for side in s.sides:
+            side.gen.close()
+        if s.sender is not None:
+            s.sender.close()
         m, f = w.nodes[s.master], w.nodes[s.follower]
         if m.up and m.inc == s.master_inc:
-            w.call_driver(m, f"{s.describe()} failed", m.driver.restore.sender_failed, s.follower, reason)
+            w.call_driver(m, f"{s.describe()} failed", m.driver.restore.sender_failed, s.follower, reason[:200])
         if f.up and f.inc == s.follower_inc:
-            w.call_driver(f, f"{s.describe()} failed", f.driver.restore.receiver_failed, s.master, reason)
+            w.call_driver(f, f"{s.describe()} failed", f.driver.restore.receiver_failed, s.master, reason[:200])

@@ -96,6 +96,9 @@ class Stats:
     restores: int = 0  # restore sessions started (docs/simulation.md §Restore)
     restores_ok: int = 0
     restores_failed: int = 0
+    restores_with_files: int = 0  # sessions that ran the files phase
+    restore_files_sent: int = 0  # files sent by sessions that ended ok
+    restores_files_changed: int = 0  # sessions stopped by a file changed on the source
 
 
 class World(SimNetwork, SimDiskAndApp, SimFaults):
@@ -293,8 +296,12 @@ class World(SimNetwork, SimDiskAndApp, SimFaults):
         return ((s.master, s.follower) in self.blocked or (s.follower, s.master) in self.blocked
                 or m.paused or f.paused)
 
-    def schedule_session(self, s: RestoreSession, delay: int) -> None:
-        self._push(self.now + delay, "restore", s)
+    def schedule_session(self, s: RestoreSession, time: int) -> None:
+        self._push(time, "restore", s)
+
+    def files_share_drawn(self) -> bool:
+        share = self.opts.restore_files_share
+        return share >= 1 or (share > 0 and self.rng.random() < share)
 
     def latency(self, src: int, dst: int) -> int:
         return self._latency(src, dst)

@@ -1,0 +1,240 @@
+"""The process's one WAL thread (vrepl/transport/walflush.py) running the jobs of many WAL
+stores (vrepl/transport/storage.py), and many sync instances in one process sharing it
+(docs/perf.md §Many vgroups): per-store order, failure isolation, draining on close, one
+hand-off of a round's completions per event loop, and connections whose receive buffers
+start small and still take frames far larger than they start with."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from vrepl import _core  # noqa: F401  (built extensions)
+from vrepl._core import record as rec
+from vrepl.config import ReplicaAddress, SyncConfig
+from vrepl.replica import ConfirmStatus
+from vrepl.child import free_ports
+from vrepl.sync import SyncCallbacks, SyncInstance
+from vrepl.transport import walflush
+from vrepl.transport.node import READ_CHUNK_BYTES, READ_MIN_BYTES
+from vrepl.transport.storage import WalStore
+from vrepl.wal import MSG_TYPE_DATA, read_records
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = b"unit-secret"
+
+
+def wal_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("vrepl-wal")]
+
+
+class Events:
+    """What a store reports, in order, with the thread each report came from."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+        self.cond = threading.Condition()
+
+    def add(self, *item) -> None:
+        with self.cond:
+            self.seen.append((*item, threading.current_thread().name))
+            self.cond.notify_all()
+
+    def wait(self, pred, timeout_s: float = 10.0) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: pred(self.seen), timeout_s), self.seen
+
+
+def open_store(path, ev: Events) -> WalStore:
+    store = WalStore(str(path), on_durable=lambda v: ev.add("durable", v),
+                     on_truncated=lambda e, v: ev.add("truncated", v),
+                     on_error=lambda exc: ev.add("error", type(exc).__name__))
+    store.open()
+    return store
+
+
+def block(first: int, n: int, epoch: int = 1) -> bytes:
+    return rec.encode_batch(MSG_TYPE_DATA, first, epoch, [b"r%d" % (first + i) for i in range(n)])
+
+
+def test_sixteen_stores_share_one_wal_thread_and_keep_their_own_order(tmp_path):
+    events = [Events() for _ in range(16)]
+    stores = [open_store(tmp_path / f"vg{i}", ev) for i, ev in enumerate(events)]
+    try:
+        assert wal_threads() == ["vrepl-wal"]
+        for first in (1, 11, 21):
+            for store in stores:
+                store.append(first, first + 9, block(first, 10))
+        stores[3].truncate_after(25)
+        stores[3].append(26, 26, block(26, 1))
+        for i, ev in enumerate(events):
+            end = 26 if i == 3 else 30
+            ev.wait(lambda seen, end=end: any(s[:2] == ("durable", end) for s in seen))
+        assert wal_threads() == ["vrepl-wal"]
+        for i, ev in enumerate(events):
+            assert {s[2] for s in ev.seen} == {"vrepl-wal"}
+            kinds = [s[:2] for s in ev.seen]
+            durable = [v for k, v in kinds if k == "durable"]
+            if i != 3:
+                assert durable == sorted(durable) and durable[-1] == 30
+        # The store that was cut: every durable report for the earlier appends first, then
+        # the truncation, then the append after it.
+        kinds = [s[:2] for s in events[3].seen]
+        cut = kinds.index(("truncated", 25))
+        assert all(k == "durable" and v <= 30 for k, v in kinds[:cut])
+        assert ("durable", 30) in kinds[:cut] and kinds[cut + 1:] == [("durable", 26)]
+    finally:
+        for store in stores:
+            store.close()
+    assert wal_threads() == []      # the last store closed stops the thread
+    for i in range(16):
+        versions = [r.version for r in read_records(str(tmp_path / f"vg{i}" / "wal"))]
+        assert versions == (list(range(1, 27)) if i == 3 else list(range(1, 31)))
+
+
+def test_a_failing_store_stops_alone(tmp_path):
+    bad_ev, good_ev = Events(), Events()
+    bad, good = open_store(tmp_path / "bad", bad_ev), open_store(tmp_path / "good", good_ev)
+    try:
+        bad.append(5, 5, block(5, 1))          # does not continue the log (it is empty)
+        bad.append(1, 1, block(1, 1))          # queued after the failure: never written
+        good.append(1, 3, block(1, 3))
+        bad_ev.wait(lambda seen: any(s[0] == "error" for s in seen))
+        good_ev.wait(lambda seen: ("durable", 3, "vrepl-wal") in seen)
+        good.append(4, 4, block(4, 1))
+        good_ev.wait(lambda seen: ("durable", 4, "vrepl-wal") in seen)
+        assert [s[:2] for s in bad_ev.seen] == [("error", "VersionError")]
+    finally:
+        bad.close(timeout_s=2)
+        good.close()
+    assert read_records(str(tmp_path / "bad" / "wal")) == []
+    assert [r.version for r in read_records(str(tmp_path / "good" / "wal"))] == [1, 2, 3, 4]
+
+
+def test_close_writes_what_was_queued(tmp_path):
+    ev = Events()
+    store = open_store(tmp_path / "s", ev)
+    for first in range(1, 200, 10):
+        store.append(first, first + 9, block(first, 10))
+    store.close()
+    assert [r.version for r in read_records(str(tmp_path / "s" / "wal"))] == list(range(1, 201))
+    assert ("durable", 200) in [s[:2] for s in ev.seen]
+
+
+class Posting:
+    """A store whose jobs post completions to an event loop the way the sync instance does."""
+
+    def __init__(self, loop, out: list, fail_first: bool = False) -> None:
+        self.loop, self.out, self.fail_first = loop, out, fail_first
+
+    def take_jobs(self):
+        return [1, 2]
+
+    def run_jobs(self, jobs) -> None:
+        for j in jobs:
+            def cb(j=j):
+                if self.fail_first and j == 1:
+                    raise RuntimeError("boom")
+                self.out.append((id(self), j, threading.current_thread().name))
+            assert walflush.collect(self.loop, cb)
+
+    def jobs_done(self) -> None:
+        pass
+
+
+def test_a_round_hands_its_completions_to_the_loop_once_in_order():
+    loop = asyncio.new_event_loop()
+    errors: list = []
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(str(ctx.get("exception"))))
+    wakeups = []
+    real = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a, **k: (wakeups.append(a[0]), real(*a, **k))[1]  # type: ignore[method-assign]
+    t = threading.Thread(target=loop.run_forever, name="test-loop", daemon=True)
+    t.start()
+    out: list = []
+    flusher = walflush.WalFlusher(name="vrepl-wal-test")
+    try:
+        a, b = Posting(loop, out, fail_first=True), Posting(loop, out)
+        assert not walflush.collect(loop, lambda: None)     # not on a WAL thread in a round
+        flusher.schedule(a)
+        flusher.schedule(b)
+        deadline = time.monotonic() + 5
+        while len(out) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert out == [(id(a), 2, "test-loop"), (id(b), 1, "test-loop"), (id(b), 2, "test-loop")]
+        assert errors == ["boom"]
+        assert len(wakeups) <= 2 and flusher.rounds <= 2   # one hand-off per round, not per job
+    finally:
+        flusher.release()                     # not the shared one: its only user stops it
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        loop.close()
+
+
+def test_many_instances_in_one_process_use_one_wal_thread_and_small_read_buffers(tmp_path):
+    """Four vgroups on three "nodes" (all in this process): one WAL thread, every link's
+    receive buffer at its small start while idle, and a record of 600 KB (far above the
+    4 KiB start and the 256 KiB read chunk) replicated intact."""
+    ports = sorted(free_ports(3))
+    replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
+    confirms: dict[tuple[int, int], ConfirmStatus] = {}
+    applied: dict[tuple[int, int], bytes] = {}
+    cond = threading.Condition()
+    insts: dict[tuple[int, int], SyncInstance] = {}
+
+    def callbacks(vg: int, i: int) -> SyncCallbacks:
+        def confirm(v, status):
+            with cond:
+                confirms[(vg, v)] = status
+                cond.notify_all()
+
+        def write(v, payload):
+            applied[(vg, i, v)] = payload          # type: ignore[index]
+            insts[(vg, i)].ack_forward(v)
+        return SyncCallbacks(write_to_cache=write, confirm_forward=confirm)
+
+    try:
+        for vg in range(1, 5):
+            for i in range(3):
+                cfg = SyncConfig(vgroup_id=vg, replicas=replicas, self_index=i,
+                                 data_path=str(tmp_path / f"n{i + 1}" / f"vg{vg}"), secret=SECRET)
+                insts[(vg, i)] = SyncInstance(cfg, callbacks(vg, i)).start()
+        assert wal_threads() == ["vrepl-wal"]
+        masters = {}
+        deadline = time.monotonic() + 20
+        while len(masters) < 4 and time.monotonic() < deadline:
+            for vg in range(1, 5):
+                roles = {i: insts[(vg, i)].roles()["role"] for i in range(3)}
+                if list(roles.values()).count("master") == 1 and list(roles.values()).count("slave") == 2:
+                    masters[vg] = next(i for i, r in roles.items() if r == "master")
+            time.sleep(0.05)
+        assert len(masters) == 4, masters
+        for key, inst in insts.items():
+            hints = inst.io.call(lambda inst=inst: [c._read_hint for c in inst._links.conns.values()])
+            assert hints and all(h == READ_MIN_BYTES for h in hints), (key, hints)
+        big = bytes(range(256)) * 2400          # 614,400 bytes
+        for vg, m in masters.items():
+            insts[(vg, m)].forward(1, big)
+            insts[(vg, m)].forward(2, b"small")
+        with cond:
+            assert cond.wait_for(lambda: len(confirms) == 8, 20), confirms
+        assert set(confirms.values()) == {ConfirmStatus.OK}
+        grown = []
+        for vg, m in masters.items():
+            for i in range(3):
+                if i != m:
+                    inst = insts[(vg, i)]
+                    grown += inst.io.call(lambda inst=inst: [c._read_hint for c in inst._links.conns.values()])
+        assert max(grown) == READ_CHUNK_BYTES
+    finally:
+        for inst in insts.values():
+            inst.stop()
+    assert wal_threads() == []
+    for vg in range(1, 5):
+        wals = [[r.payload for r in read_records(str(tmp_path / f"n{i + 1}" / f"vg{vg}" / "wal"))]
+                for i in range(3)]
+        assert wals[0] == wals[1] == wals[2] and wals[0][-2:] == [big, b"small"]
