@@ -41,3 +41,21 @@ def test_index_file_layout_is_the_documented_one(tmp_path):
         assert body[off:off + 4] == b"VRWL"
         assert struct.unpack_from("<Q", body, off + 8)[0] == first + 64 * k
     assert struct.unpack_from("<I", data, len(data) - 4)[0] == crc32c.crc32c(data[:-4])
+
+
+def test_wal_dump_json_fields_are_the_documented_ones(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    w = wal.WalWriter(str(tmp_path), wal.WalOptions(group_commit_ms=0))
+    w.append(b"payload", epoch=3)
+    w.close()
+    out = subprocess.run([sys.executable, "-m", "vrepl.cli", "wal", "dump", "--json", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (obj,) = [json.loads(line) for line in out.stdout.splitlines()]
+    text = (DOCS / "wal-format.md").read_text()
+    para = text[text.index("`dump --json` prints"):text.index("the text form")]
+    assert set(obj) == set(re.findall(r'"(\w+)"', para))
+    assert (obj["version"], obj["epoch"], obj["length"], obj["offset"]) == (1, 3, 7, 0)
