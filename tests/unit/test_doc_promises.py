@@ -59,3 +59,17 @@ def test_wal_dump_json_fields_are_the_documented_ones(tmp_path):
     para = text[text.index("`dump --json` prints"):text.index("the text form")]
     assert set(obj) == set(re.findall(r'"(\w+)"', para))
     assert (obj["version"], obj["epoch"], obj["length"], obj["offset"]) == (1, 3, 7, 0)
+
+
+def test_python_m_validate_refuses_with_one_line(tmp_path):
+    # docs/validation.md: `python -m vrepl.spark.validate ...` is `vrepl validate`; an empty
+    # replica directory is exit 2 with one line (no runpy warning before it).
+    import subprocess
+    import sys
+
+    (tmp_path / "r1").mkdir()
+    out = subprocess.run([sys.executable, "-m", "vrepl.spark.validate", str(tmp_path / "r1")],
+                         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [out.stderr.strip()]
+    assert out.stderr.startswith("vrepl: error: vgroup 1 replica 1 (")
