@@ -73,3 +73,28 @@ def test_python_m_validate_refuses_with_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.splitlines() == [out.stderr.strip()]
     assert out.stderr.startswith("vrepl: error: vgroup 1 replica 1 (")
+
+
+def test_sync_stats_has_the_documented_shape(tmp_path):
+    # docs/embedding.md §Observability: where stats() keeps what.
+    from vrepl.child import free_ports
+    from vrepl.config import SyncConfig
+    from vrepl.sync import SyncInstance
+
+    (port,) = free_ports(1)
+    inst = SyncInstance(SyncConfig(vgroup_id=1, replicas=((1, f"127.0.0.1:{port}"),), self_index=0,
+                                   data_path=str(tmp_path), secret=b"s" * 16)).start()
+    try:
+        st = inst.stats()
+    finally:
+        inst.stop()
+    for key in ("vgroup_id", "node", "role", "epoch", "master", "last_version", "last_epoch",
+                "durable_version", "pending_forwards", "sync_cache_records", "arbitrator_connected",
+                "committed_version", "peers", "sync", "queued_forwards", "flow_control", "role_ms",
+                "role_changes", "epochs_promised", "arbitrator_lease", "wal", "restore", "counters"):
+        assert key in st, key
+    for key in ("forwards_sent", "acks_received", "confirmed_ok", "confirmed_timed_out",
+                "confirmed_failed", "resyncs", "truncations", "role_changes", "elections_won"):
+        assert key in st["counters"], key
+    assert set(st["wal"]) == {"durable_version", "appended_bytes", "group_commits"}
+    assert isinstance(st["role_changes"], dict) and st["peers"] == {}
