@@ -98,3 +98,28 @@ def test_sync_stats_has_the_documented_shape(tmp_path):
         assert key in st["counters"], key
     assert set(st["wal"]) == {"durable_version", "appended_bytes", "group_commits"}
     assert isinstance(st["role_changes"], dict) and st["peers"] == {}
+
+
+def test_series_table_names_follow_the_documented_rule():
+    # docs/client-api.md §A series is a table, computed here from the text, not the code.
+    import hashlib
+
+    from vrepl.vnode.ingest import table_of_series
+
+    def documented(measurement: str, tags: dict[str, str]) -> str:
+        if not tags and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,191}", measurement) and "__" not in measurement:
+            return measurement
+        name = re.sub(r"[^A-Za-z0-9_]", "_", measurement)
+        if not name or name[0].isdigit():
+            name = "m" + name
+        h = hashlib.blake2b(digest_size=16)
+        for part in [measurement, *[x for kv in sorted(tags.items()) for x in kv]]:
+            b = part.encode()
+            h.update(len(b).to_bytes(4, "little") + b)
+        return name[:158] + "__" + h.hexdigest()
+
+    cases = [("mem", {}), ("cpu", {"host": "a"}), ("cpu", {"z": "1", "a": "2"}), ("9lives", {}),
+             ("", {"k": "v"}), ("a__b", {}), ("x" * 300, {}), ("7" + "y" * 200, {"t": "é"}),
+             ("disk io", {"dev": "sda"})]
+    for measurement, tags in cases:
+        assert table_of_series(measurement, tags) == documented(measurement, tags), measurement
