@@ -25,11 +25,11 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from vrepl.config import SyncConfig, sync_config_invalid
 from vrepl.driver import Driver, DriverOptions, batch_bounds
-from vrepl.errors import ConfigError, FlowControlError, NotRunningError, ReconfigError
+from vrepl.errors import ConfigError, FlowControlError, InvariantViolation, NotRunningError, ReconfigError
 from vrepl.instance.app import CallbackApp, SyncCallbacks, SyncObservers
 from vrepl.instance.intake import AppIntake
 from vrepl.replica import NO_NODE, AckStatus, AppRecover, ConfirmStatus, Replica, Role
@@ -37,11 +37,10 @@ from vrepl.restore.config import RestoreConfig, restore_config_invalid
 from vrepl.restore.errors import RestoreError
 from vrepl.restore.limiter import RestoreLimiter
 from vrepl.restore.sessions import RestoreSessions
+from vrepl.transport import walflush
 from vrepl.transport.loop import IoLoop, TickTimer
 from vrepl.transport.peers import PeerLinks
-from vrepl.transport import walflush
 from vrepl.transport.storage import DiskState, LoopStorage
-from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.sync")
 core_log = logging.getLogger("vrepl.replica")
@@ -50,14 +49,30 @@ ForwardStatus = ConfirmStatus  # ok / failed / timed_out / not_master, as confir
 _monotonic = time.monotonic
 # Replica log lines (Log actions) that carry an event name in JSON logs (vrepl/logsetup.py):
 # the first words of the text after the "vgX nY eZ: " prefix.
-_CORE_EVENTS = (("election ", "election"), ("became master", "election_won"),
-                ("master steps down", "step_down"), ("unsynced", "unsynced"),
-                ("arbitrator refused", "arbitrator_refused"), ("arbitrator lease expired", "lease_expired"),
-                ("peer n", "peer"), ("restore", "restore"), ("truncating", "truncation"),
-                ("sync request", "resync"))
+_CORE_EVENTS = (
+    ("election ", "election"),
+    ("became master", "election_won"),
+    ("master steps down", "step_down"),
+    ("unsynced", "unsynced"),
+    ("arbitrator refused", "arbitrator_refused"),
+    ("arbitrator lease expired", "lease_expired"),
+    ("peer n", "peer"),
+    ("restore", "restore"),
+    ("truncating", "truncation"),
+    ("sync request", "resync"),
+)
 
-__all__ = ["SyncInstance", "SyncCallbacks", "SyncObservers", "FlowControlError", "NotRunningError",
-           "ReconfigError", "ForwardStatus", "batch_bounds", "core_event"]
+__all__ = [
+    "SyncInstance",
+    "SyncCallbacks",
+    "SyncObservers",
+    "FlowControlError",
+    "NotRunningError",
+    "ReconfigError",
+    "ForwardStatus",
+    "batch_bounds",
+    "core_event",
+]
 
 
 def core_event(text: str) -> str:
@@ -82,9 +97,15 @@ def _log_line(origin: str, level: int, text: str) -> None:
 class SyncInstance:
     """Replication of one vgroup on this node. start(), then forward()/ack_forward(), stop()."""
 
-    def __init__(self, config: SyncConfig, callbacks: SyncCallbacks | None = None, *,
-                 restore: RestoreConfig | None = None, observers: SyncObservers | None = None,
-                 **callback_kwargs: Any) -> None:
+    def __init__(
+        self,
+        config: SyncConfig,
+        callbacks: SyncCallbacks | None = None,
+        *,
+        restore: RestoreConfig | None = None,
+        observers: SyncObservers | None = None,
+        **callback_kwargs: Any,
+    ) -> None:
         reason = sync_config_invalid(config)
         if reason:
             raise ConfigError(f"vg{config.vgroup_id}: {reason}")
@@ -120,10 +141,16 @@ class SyncInstance:
         self.io = IoLoop.shared()
         self.loop = self.io.loop
         storage = self._storage = LoopStorage(
-            cfg.data_path, post=self._post, fail=self._fail,
+            cfg.data_path,
+            post=self._post,
+            fail=self._fail,
+            # self.loop was set just above and is never cleared
             run_in_executor=lambda fn, *args: self.loop.run_in_executor(None, fn, *args),  # type: ignore[union-attr]
-            inline_sync_max_bytes=cfg.max_wal_inline_sync_bytes, max_record_bytes=cfg.max_record_bytes,
-            max_file_bytes=cfg.max_wal_file_bytes, on_group_commit=self.observers.wal_fsync_s)
+            inline_sync_max_bytes=cfg.max_wal_inline_sync_bytes,
+            max_record_bytes=cfg.max_record_bytes,
+            max_file_bytes=cfg.max_wal_file_bytes,
+            on_group_commit=self.observers.wal_fsync_s,
+        )
         os.makedirs(cfg.data_path, exist_ok=True)
         try:
             disk = storage.store.open()
@@ -135,14 +162,16 @@ class SyncInstance:
                 if app_version > disk.last_version:
                     log.warning(
                         "%s: the app reports v%d but the WAL ends at v%d: the app holds records the WAL lacks",
-                        self._prefix_static(), app_version, disk.last_version,
+                        self._prefix_static(),
+                        app_version,
+                        disk.last_version,
                     )
             self._wire(replica)
             self.io.run(self._start_in_loop(), timeout_s=30)
         except BaseException:
             storage.store.close()
             self.io.release()
-            self.io = None      # released: a later stop() must not release it again
+            self.io = None  # released: a later stop() must not release it again
             self._state = "failed"
             raise
         return self
@@ -162,7 +191,9 @@ class SyncInstance:
         than max_inflight_forwards can never be taken (ValueError). Each record is confirmed
         through confirm_forward as usual (a range callback gets the run in one call)."""
         if self._state != "running":
-            raise NotRunningError(f"vg{self.cfg.vgroup_id}: forward_many() while {self._state} {self._failure}".rstrip())
+            raise NotRunningError(
+                f"vg{self.cfg.vgroup_id}: forward_many() while {self._state} {self._failure}".rstrip()
+            )
         if payloads:
             self._intake.forward_many(first_version, payloads)
 
@@ -174,6 +205,7 @@ class SyncInstance:
 
     def roles(self) -> dict[str, Any]:
         """This node's role, epoch and master, and its view of every replica's role."""
+        # _call runs it only while running, when the driver exists
         return self._call(lambda: self.driver.roles())  # type: ignore[union-attr]
 
     def stats(self) -> dict[str, Any]:
@@ -206,6 +238,7 @@ class SyncInstance:
 
         def apply() -> None:
             self.cfg = config
+            # _call runs it only on a running instance, which has its driver
             self.driver.set_quorum(config.quorum)  # type: ignore[union-attr]
             self.driver.end_batch()  # type: ignore[union-attr]
 
@@ -221,8 +254,14 @@ class SyncInstance:
     def restore_status(self) -> dict[str, Any]:
         """Restore sessions running on this node for this vgroup, counters, last error."""
         if self._restores is None:
-            return {"sending_to": [], "backups": 0, "receiving_from": None, "limiter": {},
-                    "counters": {}, "last_error": ""}
+            return {
+                "sending_to": [],
+                "backups": 0,
+                "receiving_from": None,
+                "limiter": {},
+                "counters": {},
+                "last_error": "",
+            }
         return self._restores.status()
 
     def stop(self) -> None:
@@ -288,31 +327,51 @@ class SyncInstance:
     def _wire(self, replica: Replica) -> None:
         """Build the driver over the production ports (docs/design.md §9)."""
         cfg = self.cfg
-        self._app = CallbackApp(self.cb, self.observers, log_prefix=self.log_prefix, ack=self.ack_forward,
-                                app_ack_required=replica.cfg.app_ack_required_effective)
+        self._app = CallbackApp(
+            self.cb,
+            self.observers,
+            log_prefix=self.log_prefix,
+            ack=self.ack_forward,
+            app_ack_required=replica.cfg.app_ack_required_effective,
+        )
         self._links = PeerLinks(cfg, log_prefix=self.log_prefix, restore_cfg=self.restore_cfg)
-        options = DriverOptions(max_batch_records=cfg.max_batch_records, max_batch_bytes=cfg.max_batch_bytes,
-                                stream_chunk_bytes=cfg.stream_chunk_bytes,
-                                restore_min_lag_versions=self.restore_cfg.min_lag_versions)
-        invariant(self._storage is not None, "self._storage is not None")
-        driver = self.driver = Driver(replica, self._links, self._storage, self._app, options=options,
-                                      on_log=_log_line)
+        options = DriverOptions(
+            max_batch_records=cfg.max_batch_records,
+            max_batch_bytes=cfg.max_batch_bytes,
+            stream_chunk_bytes=cfg.stream_chunk_bytes,
+            restore_min_lag_versions=self.restore_cfg.min_lag_versions,
+        )
+        if self._storage is None:
+            raise InvariantViolation("self._storage is not None")
+        driver = self.driver = Driver(replica, self._links, self._storage, self._app, options=options, on_log=_log_line)
         self._storage.target = driver
         self._links.events = driver
         driver.before_flush = self._drain
 
     def _wire_restores(self) -> None:
         """The restore sessions need the node's limiter, known once the node server is."""
-        invariant(self._links is not None and self._links.nt is not None and self.driver is not None, "self._links is not None and self._links.nt is not None and self.driver is not None")
+        if self._links is None or self._links.nt is None or self.driver is None:
+            raise InvariantViolation(
+                "self._links is not None and self._links.nt is not None and self.driver is not None"
+            )
         nt = self._links.nt
         if nt.restore_limiter is None:
             nt.restore_limiter = RestoreLimiter(self.restore_cfg.max_concurrent_restores)
-        store = self._storage.store  # type: ignore[union-attr]
+        store = self._storage.store  # type: ignore[union-attr]  # start() built it before the loop ran
         self._restores = RestoreSessions(
-            self.cfg, self.restore_cfg, self.cb, host=self.driver.restore, call=self._call_for_restore,
-            post=lambda fn: self._post(fn, quiet=False), running=lambda: self._state == "running",
-            wal_first_version=store.first_version_or, durable_version=lambda: store.durable_version,
-            limiter=nt.restore_limiter, log_prefix=self.log_prefix, notify=self._app.call)  # type: ignore[union-attr]
+            self.cfg,
+            self.restore_cfg,
+            self.cb,
+            host=self.driver.restore,
+            call=self._call_for_restore,
+            post=lambda fn: self._post(fn, quiet=False),
+            running=lambda: self._state == "running",
+            wal_first_version=store.first_version_or,
+            durable_version=lambda: store.durable_version,
+            limiter=nt.restore_limiter,
+            log_prefix=self.log_prefix,
+            notify=self._app.call,  # type: ignore[union-attr]  # _wire set it in start()
+        )
         if self.restore_cfg.enabled:
             self.driver.restorer = self._restores
         self._links.sync_handler = self._restores
@@ -344,7 +403,8 @@ class SyncInstance:
         )
 
     async def _start_in_loop(self) -> None:
-        invariant(self.loop is not None and self.driver is not None and self._links is not None, "self.loop is not None and self.driver is not None and self._links is not None")
+        if self.loop is None or self.driver is None or self._links is None:
+            raise InvariantViolation("self.loop is not None and self.driver is not None and self._links is not None")
         await self._links.start(self.loop)
         self._wire_restores()
         self._state = "running"
@@ -353,8 +413,12 @@ class SyncInstance:
         self._clock.start(self._on_tick)
         self.driver.end_batch()
         me = self.cfg.me
-        log.info("%s: started, listening on %s, replicas %s", self.log_prefix(), me.endpoint(),
-                 " ".join(f"n{r.node}@{r.endpoint()}" for r in self.cfg.replicas))
+        log.info(
+            "%s: started, listening on %s, replicas %s",
+            self.log_prefix(),
+            me.endpoint(),
+            " ".join(f"n{r.node}@{r.endpoint()}" for r in self.cfg.replicas),
+        )
 
     def _stop_in_loop(self) -> None:
         if self._state == "running":
@@ -423,7 +487,7 @@ class SyncInstance:
         if self.io is not None and self.io.in_loop():
             loop.call_soon(run)
             return
-        if walflush.collect(loop, run):   # the WAL thread: one hand-off per round, in order
+        if walflush.collect(loop, run):  # the WAL thread: one hand-off per round, in order
             return
         try:
             loop.call_soon_threadsafe(run)
@@ -442,6 +506,7 @@ class SyncInstance:
             self._intake.drain(self.driver, note)
 
     def _note_run(self, first: int, count: int, began: float) -> None:
+        # _drain hands this over only with a driver and the app in the master role
         self._app.note_run(first, count, began, self.driver.lowest_acked)  # type: ignore[union-attr]
 
     def _inflight(self) -> int:
@@ -449,7 +514,8 @@ class SyncInstance:
         return d.pending_forwards() if d is not None else 0
 
     def _step(self, event: object) -> None:
-        invariant(self.driver is not None, "self.driver is not None")
+        if self.driver is None:
+            raise InvariantViolation("self.driver is not None")
         self.driver.step(event)
         self.driver.end_batch()
 
@@ -471,25 +537,30 @@ class SyncInstance:
 
     def _stats_now(self) -> dict[str, Any]:
         d, links, app, storage = self.driver, self._links, self._app, self._storage
-        invariant(d is not None and links is not None and app is not None and storage is not None, "d is not None and links is not None and app is not None and storage is not None")
+        if d is None or links is None or app is None or storage is None:
+            raise InvariantViolation("d is not None and links is not None and app is not None and storage is not None")
         core = d.replica.stats()
-        peers = core["peers"]
+        peers = cast(dict[int, dict[str, Any]], core["peers"])  # Replica.stats(): node -> its view
         for node, link in links.link_stats().items():
-            peers.setdefault(node, {}).update(link)  # type: ignore[union-attr]
+            peers.setdefault(node, {}).update(link)
         now = _monotonic()
         master = d.replica.role == Role.MASTER
         last = d.replica.last_version
         for node in d.replica.nodes:
             if node == self.node:
                 continue
-            p = peers.setdefault(node, {})  # type: ignore[union-attr]
+            p = peers.setdefault(node, {})
             heard = links.last_heard.get(node)
             # docs/client-api.md §Status: ms since a frame last came from the peer (None:
             # never, since start), and on the master the age of its oldest unacked record.
             p["last_heard_ms"] = None if heard is None else round((now - heard) * 1000)
             p["lag_ms"] = app.lag_ms(p.get("acked_version", 0), last, now) if master else None
-        counters = {**d.counters, **app.counters, **links.counters,
-                    "forwards_refused_flow_control": self._intake.refused}
+        counters = {
+            **d.counters,
+            **app.counters,
+            **links.counters,
+            "forwards_refused_flow_control": self._intake.refused,
+        }
         sync = {k: counters[k] for k in _SYNC_COUNTERS}
         restore = dict(self._restores.counters) if self._restores is not None else {}
         restore["streamed_in_band"] = d.counters["streamed_in_band"]
@@ -514,6 +585,19 @@ class SyncInstance:
 
 
 # stats()["sync"], in this order (docs/embedding.md §Observability).
-_SYNC_COUNTERS = ("forwards", "forward_bytes", "forwards_refused_flow_control", "confirmed_ok", "confirmed_failed",
-                  "confirmed_timed_out", "confirmed_not_master", "app_acks", "records_written_to_cache",
-                  "connections_refused", "connections_opened", "connections_closed", "streams", "streamed_records")
+_SYNC_COUNTERS = (
+    "forwards",
+    "forward_bytes",
+    "forwards_refused_flow_control",
+    "confirmed_ok",
+    "confirmed_failed",
+    "confirmed_timed_out",
+    "confirmed_not_master",
+    "app_acks",
+    "records_written_to_cache",
+    "connections_refused",
+    "connections_opened",
+    "connections_closed",
+    "streams",
+    "streamed_records",
+)

@@ -11,6 +11,7 @@ sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import urllib.request
@@ -21,10 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from vrepl.child import python_argv
 from vrepl.killpoints import registered
 from vrepl.node.local import LocalCluster
+from vrepl.node.shipdirs import read_manifest_of
 from vrepl.ship import protocol as P
 from vrepl.ship import sender as _sender  # noqa: F401  (registers the sender's kill points)
 from vrepl.ship.errors import ERR_BAD_DATA, ERR_UNSAFE_NAME, EXIT_IN_USE, EXIT_OK, EXIT_PEER, EXIT_REFUSED, Refused
+from vrepl.ship.state import FileList
 from vrepl.ship.stream import connect
+from vrepl.vnode.files import write_atomic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -79,11 +83,11 @@ def gen_rows(tables: list[str], n: int, bucket: int = 0, ts0: int = 0, value: fl
 
 
 def ship(edge: Edge, recv: LocalCluster, *extra: str, sender_id: int = 7, secret: str = SECRET,
-         env: dict | None = None, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+         env: dict | None = None, timeout_s: float = 120.0, data: str | None = None) -> subprocess.CompletedProcess:
     to = ",".join(n.replication for n in recv.nodes.values())
     e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
     e.update(VREPL_SHIP_SECRET=secret, **(env or {}))
-    return subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+    return subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", data or edge.vg,
                                       "--sender-id", str(sender_id), "--vgroup", str(VG),
                                       "--retries", "2", *extra),
                           env=e, capture_output=True, text=True, timeout=timeout_s)
@@ -120,6 +124,24 @@ def leftovers(recv: LocalCluster) -> list[str]:
                     if os.path.exists(os.path.join(ship, uuid, f)):
                         out.append(os.path.join(ship, uuid, f))
     return out
+
+
+def archive_keys(vg_path: str, shipped: bool) -> list[tuple]:
+    """Sorted (table, bucket, size, magic) of a vgroup's archived files: the edge's own
+    (`shipped` False) or the files a receiver holds from a ship sender (origin ship/...),
+    each checked to be on disk; and no data file on disk the manifest does not name."""
+    m = read_manifest_of(vg_path)
+    files = [f for f in (m.files if m else []) if f.origin.startswith("ship/") == shipped]
+    named = {f.name for f in (m.files if m else [])}
+    data = os.path.join(vg_path, "data")
+    on_disk = {os.path.relpath(os.path.join(r, f), vg_path).replace(os.sep, "/")
+               for r, _, fs in os.walk(data) for f in fs if f.endswith(".parquet")}
+    assert on_disk <= named, sorted(on_disk - named)
+    return sorted((f.table, f.bucket, f.size, f.magic) for f in files)
+
+
+def node_vg(recv: LocalCluster, nid: int) -> str:
+    return os.path.join(recv.nodes[nid].dir, "data", f"vg{VG}")
 
 
 def sender_leftovers(edge: Edge) -> list[str]:
@@ -183,6 +205,12 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
             {**dict(want["cpu"][10]), "x": 1010.0}.items()))
         for nid in recv.nodes:
             recv.wait_for(f"n{nid} holds the update", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
+                          20, 0.2)
+        # The superseded file left every replica's archive with the round that replaced it:
+        # the receiver's archive is the edge's, file for file (Deliver 4).
+        for nid in recv.nodes:
+            recv.wait_for(f"n{nid}'s archive equals the edge's",
+                          lambda nid=nid: archive_keys(node_vg(recv, nid), True) == archive_keys(edge.vg, False),
                           20, 0.2)
         st = recv.status(master)["ship_senders"]
         assert len(st) == 1 and st[0]["sender_id"] == 7 and st[0]["last_error"] == ""
@@ -260,6 +288,8 @@ def test_sender_killed_at_every_point_converges(tmp_path, edge):
             want = edge.rows(tables)
             got = receiver_rows(recv, 1, tables)
             assert got == want, point
+            recv.wait_for(f"{point}: the archive equals the edge's",
+                          lambda: archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False), 20, 0.2)
             assert leftovers(recv) == [], point
             assert sender_leftovers(edge) == [], point
     finally:
@@ -394,6 +424,8 @@ def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
             assert p.returncode == EXIT_OK, f"{point}: {p.stderr}"
             want = edge.rows(tables)
             assert receiver_rows(recv, 1, tables) == want, point
+            recv.wait_for("the archive equals the edge's",
+                          lambda: archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False), 20, 0.2)
             assert leftovers(recv) == [], point
             assert sender_leftovers(edge) == [], point
     finally:
@@ -594,8 +626,11 @@ def test_a_full_disk_at_the_receiver_mid_file_is_reported_and_the_next_round_rep
 
 def test_a_failover_of_the_receiving_vgroup_between_rounds_converges(tmp_path, edge):
     """The master that received the rounds is SIGKILLed; the new master has no state of the
-    sender (files.txt, owners.json): it rebuilds it from the archive, the digests differ, the
-    sender reconciles, and the next round (with an update) reaches every live replica."""
+    sender (files.txt, owners.json): it rebuilds it from the archive, which equals the
+    sender's list (deletions removed the superseded files), and the next round (with an
+    update) reaches every live replica. Then the receiver's list is lost (an empty
+    files.txt, as a restore from an old backup): the digests differ, the sender reconciles,
+    and no file the archive holds is sent or loaded again."""
     edge.write(gen_rows(["cpu", "mem"], 100))
     recv = receiver(tmp_path, 3)
     try:
@@ -609,12 +644,193 @@ def test_a_failover_of_the_receiving_vgroup_between_rounds_converges(tmp_path, e
         edge.write(gen_rows(["disk"], 10) + gen_rows(["mem"], 5, value=900.0))
         p = ship(edge, recv, "--once")
         assert p.returncode == EXIT_OK, p.stderr
-        assert "reconciled" in p.stdout, p.stdout
+        assert "reconciled" not in p.stdout, p.stdout
         want = edge.rows(["cpu", "mem", "disk"])
         for nid in recv.nodes:
             if nid != old:
                 recv.wait_for(f"n{nid} holds every round",
                               lambda nid=nid: receiver_rows(recv, nid, ["cpu", "mem", "disk"]) == want, 30, 0.2)
+                recv.wait_for(f"n{nid}'s archive equals the edge's",
+                              lambda nid=nid: archive_keys(node_vg(recv, nid), True) == archive_keys(edge.vg, False),
+                              30, 0.2)
         assert ship(edge, recv, "--once").stdout.count("nothing new") == 1
+        # The receiver's list is lost: reconciled by listing; only the new file crosses.
+        (uuid,) = [d for d in os.listdir(os.path.join(node_vg(recv, new), "ship")) if len(d) == 32]
+        write_atomic(os.path.join(node_vg(recv, new), "ship", uuid, "files.txt"), FileList({}).to_bytes())
+        edge.write(gen_rows(["net"], 10))
+        before = metric(recv, new, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "reconciled" in p.stdout and "1 sent" in p.stdout, p.stdout
+        net = [f for f in read_manifest_of(edge.vg).files if f.table == "net"]
+        assert metric(recv, new, "vrepl_ship_received_bytes_total") - before == net[0].size
+        recv.wait_for("the archive equals the edge's", lambda: archive_keys(node_vg(recv, new), True)
+                      == archive_keys(edge.vg, False), 30, 0.2)
+    finally:
+        recv.close()
+
+
+def test_a_clone_shipping_at_another_time_is_refused(tmp_path, edge):
+    """Two real sender directories cloned from one (the edge's vnode directory copied with
+    its ship state, as a copied disk): after the original ships again, the clone's history
+    no longer matches the receiver's and its BEGIN is refused (lineage, exit 9) with a
+    reason it prints and `vrepl status` shows; the original goes on unharmed."""
+    edge.write(gen_rows(["cpu"], 50))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        clone = os.path.join(str(tmp_path), "clone-vg")
+        shutil.copytree(edge.vg, clone)
+        # The clone ships before the two diverge: same history, nothing new; accepted.
+        p = ship(edge, recv, "--once", data=clone)
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stderr
+        edge.write(gen_rows(["cpu"], 10, ts0=5000))
+        assert ship(edge, recv, "--once").returncode == EXIT_OK      # the original's round 2
+        p = ship(edge, recv, "--once", data=clone)
+        assert p.returncode == EXIT_REFUSED, (p.returncode, p.stderr)
+        assert "cloned data directory" in p.stderr and "says its last round is" in p.stderr, p.stderr
+        st = recv.status(1)["ship_senders"]
+        assert len(st) == 1 and "cloned data directory" in st[0]["last_error"]
+        assert metric(recv, 1, "vrepl_ship_refusals_total", reason="lineage") == 1
+        # The original is not affected, and a sender killed mid-round is no clone.
+        edge.write(gen_rows(["cpu"], 10, ts0=9000))
+        p = ship(edge, recv, "--once", env={"VREPL_KILLPOINT": "ship.sender.after_log_start"})
+        assert p.returncode == -9
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["cpu"]) == edge.rows(["cpu"])
+        assert ship(edge, recv, "--once", data=clone).returncode == EXIT_REFUSED
+    finally:
+        recv.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, edge):
+    """The receiver's state directory of this sender on a tmpfs with room for the round's
+    file and its first state files only: the ingest record commits (the rows are visible),
+    then writing load.log (append + fsync) fails with ENOSPC; the sender exits 6 (disk
+    full). Once there is room, the next round's recovery finds the files in the archive and
+    records them, never loading them twice (the archive equals the edge's, one copy each).
+    (tmpfs fails the write before the fsync; no file system here fails fsync alone.)"""
+    edge.write(gen_rows(["cpu"], 3000))
+    uuid = "cd" * 16
+    recv = receiver(tmp_path, 1)
+    sdir = os.path.join(node_vg(recv, 1), "ship", uuid)
+    os.makedirs(sdir)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", sdir], check=True)
+    try:
+        (size,) = [f.size for f in read_manifest_of(edge.vg).files]
+        page = 4096
+        st = os.statvfs(sdir)
+        # Room for data/ (the file), rounds.json and sync.log: load.log gets no page.
+        room = (-(-size // page) + 2) * page
+        with open(os.path.join(sdir, "filler"), "wb") as fh:
+            fh.write(b"\0" * (st.f_bavail * st.f_frsize - room))
+        p = ship(edge, recv, "--once", "--uuid", uuid, "--retries", "0")
+        assert p.returncode == 6, (p.returncode, p.stderr)
+        assert "No space left on device" in p.stderr
+        assert receiver_rows(recv, 1, ["cpu"]) == edge.rows(["cpu"])      # committed first
+        with open(os.path.join(sdir, "load.log")) as fh:      # created, its line not written
+            assert fh.read() == ""
+        os.unlink(os.path.join(sdir, "filler"))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["cpu"]) == edge.rows(["cpu"])
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == []
+    finally:
+        subprocess.run(["umount", "-l", sdir])
+        recv.close()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_file_replaced_by_a_flush_during_the_transfer(tmp_path, edge):
+    """A real `vrepl ship` is frozen (SIGSTOP at a kill point) after the first MiB of a file;
+    meanwhile the real edge node writes into that file's bucket and its flush replaces the
+    file (the superseded one is deleted from data/). Resumed, the round completes from the
+    snapshot's hard link (the rows shipped are the ones of the round's start); the next
+    round ships the deletion and the new file, and the receiver equals the edge."""
+    rows = [("big", i, {"x": float(i), "tag": os.urandom(24).hex()}) for i in range(120_000)]
+    edge.write(rows)
+    recv = receiver(tmp_path, 1)
+    try:
+        to = recv.nodes[1].replication
+        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        env.update(VREPL_SHIP_SECRET=SECRET, VREPL_KILLPOINT="ship.sender.mid_file@1:stop")
+        before = {f.name for f in read_manifest_of(edge.vg).files}
+        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                            "--sender-id", "7", "--once"),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            recv.wait_for("the sender froze mid-file", lambda: _stopped(proc.pid), 60, 0.05)
+            edge.write([("big", i, {"x": -1.0}) for i in range(0, 120_000, 1000)])
+            after = {f.name for f in read_manifest_of(edge.vg).files}
+            assert before and not before & after          # the file the round ships is gone
+            assert not any(os.path.exists(os.path.join(edge.vg, *n.split("/"))) for n in before)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT_OK, err
+        assert "1 of 1 new files loaded" in out, out
+        got = {dict(r)["ts"]: dict(r)["x"] for r in receiver_rows(recv, 1, ["big"])["big"]}
+        assert len(got) == 120_000 and got[1000] == 1000.0     # the round's start, not the flush's
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "1 of 1 deletions applied" in p.stdout, p.stdout
+        assert receiver_rows(recv, 1, ["big"]) == edge.rows(["big"])
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == [] and sender_leftovers(edge) == []
+    finally:
+        recv.close()
+
+
+MANY_FILES = int(os.environ.get("VREPL_SHIP_MANY_FILES", "100000"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_100000_files_in_one_round(tmp_path):
+    """One round of 100,000 small archived files (100 tables x 1,000 buckets, one row each;
+    the edge's vnode directory is written by the real vnode, without a node process) into a
+    real receiving node by a real `vrepl ship`: every file loaded (100 ingest records of
+    1,000), the receiver's archive equals the edge's, and the next round is "nothing new".
+    VREPL_SHIP_MANY_FILES sets another count (the figure: docs/ship.md §12)."""
+    from vrepl.vnode import Vnode, VnodeConfig
+    from vrepl.wal import WalOptions, WalWriter
+
+    edge_vg = os.path.join(str(tmp_path), "edge", "vg1")
+    v = Vnode(edge_vg, VnodeConfig(fsync=False))
+    wal = WalWriter(os.path.join(edge_vg, "wal"), WalOptions(durability="none"))
+    rows = [(f"t{i % 100}", (i // 100) * SPAN_MS, {"x": float(i)}) for i in range(MANY_FILES)]
+    for k in range(0, len(rows), 5000):
+        reason, payload = v.prepare_write(rows[k : k + 5000])
+        assert reason is None, reason
+        version = wal.append(payload, 1)
+        v.write_to_cache(version, 1, payload)
+    v.flush(wal)
+    assert len(read_manifest_of(edge_vg).files) == MANY_FILES
+    wal.close()
+    recv = receiver(tmp_path, 1)
+    try:
+        to = recv.nodes[1].replication
+        argv = python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge_vg, "--sender-id", "7",
+                           "--once", "--timeout", "600", "--no-progress")
+        env = dict(os.environ, VREPL_SHIP_SECRET=SECRET)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=7000)
+        assert p.returncode == EXIT_OK, p.stderr[-2000:]
+        assert f"{MANY_FILES} of {MANY_FILES} new files loaded" in p.stdout, p.stdout
+        print(p.stdout)
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge_vg, False)
+        for t in ("t0", "t99"):
+            got = [(r["ts"], r["x"]) for r in recv.replica_rows(1, t)]
+            assert got == [(ts, x["x"]) for tt, ts, x in rows if tt == t]
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stdout + p.stderr
+        print(p.stdout)
+        assert leftovers(recv) == []
     finally:
         recv.close()

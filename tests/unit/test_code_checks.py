@@ -23,11 +23,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-# Modules another branch is rewriting now (issue 15: `driver` the sync instance and its
-# transport). The lead runs `ruff format` on them, and their owners fix
-# what ruff and mypy find, after merging; then these lists are emptied.
-FORMAT_PENDING = ("vrepl/sync.py", "vrepl/transport/")
-LINT_AND_TYPES_PENDING = ("vrepl/sync.py", "vrepl/transport/")
+# Modules a branch is rewriting while these checks land, left out until their owners format
+# and fix them (empty now: vrepl/sync.py and vrepl/transport/ pass all three).
+FORMAT_PENDING: tuple[str, ...] = ()
+LINT_AND_TYPES_PENDING: tuple[str, ...] = ()
 
 
 def checked_files() -> list[str]:

@@ -195,7 +195,7 @@ class CallbackApp:
         self.role = Role.UNSYNCED
         self.call(self.cb.notify_role, Role.UNSYNCED.describe(), epoch, None)
 
-    def note_run(self, first: int, count: int, began: float, peers_acked: Callable[[], int]) -> None:
+    def note_run(self, first: int, count: int, began: float, peers_acked: Callable[[], int | None]) -> None:
         """A master took a run of forwards queued at `began` (the lag in ms and the confirm
         latency, docs/operations.md §Metrics)."""
         self._sent_first.append(first)

@@ -35,7 +35,7 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
     IngestFile(name: str, table: str, origin: str = "", size: int | None = None,
                crc32c: int | None = None)
     IngestRemove(name: str, size: int, crc32c: int)
-        `remove=` of ingest() (Rounds.ingest, `host.rounds.ingest`): an ingested file of the
+        `remove=` of ingest() (`host.ingest(..., remove=...)`): an ingested file of the
         archive (its name there, `data/<table>/b<bucket>-i<version>-<k>.parquet`, size and
         magic as the manifest names it) that the same record removes, at the same flush
         point as its adds (record version 2, docs/vnode.md §9.2). A round adds 0..1000 and

@@ -7,9 +7,11 @@ the seed's receiver recovery algorithm (`recover`, at node start and before ever
 Must not: open sockets, or write into the archive or the WAL (recovery loads through a
 `Loader`, the session's ingest records: vrepl/node/shipsession.py).
 """
+
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -44,15 +46,18 @@ FILES_LIST = "files.txt"
 RSYNC_LOG = "sync.log"
 LOAD_LOG = "load.log"
 SYNC_END = "sync.end"
+ROUNDS_FILE = "rounds.json"
+MAX_BEGUN = 64  # rounds begun and not completed that rounds.json remembers
 DATA_DIR = "data"
 PART_SUFFIX = ".part"
 LOAD_LINE = "load "
 DELETE_LINE = "delete "
 ORIGIN_PREFIX = "ship/"
-LOCAL_OWNER = "local"            # owners.json value of a table written on the receiver itself
+LOCAL_OWNER = "local"  # owners.json value of a table written on the receiver itself
 INGEST_TIMEOUT_S = 120.0
 INGEST_BUSY_RETRY_S = 0.05
 INGEST_BUSY_TRIES = 400
+
 
 def key_file_name(e: P.FileEntry) -> str:
     """The name of a received file in data/: its content key, never the sender's name."""
@@ -143,31 +148,75 @@ class SenderDirR:
                     entries[e.key] = e
         return FileList(entries)
 
-    def files_in_archive(self) -> set[Key]:
-        """Keys of the vgroup's archived files whose origin is this sender."""
+    def archive(self, vnode: Any = None) -> dict[Key, list[tuple[str, int, int]]]:
+        """This sender's files in the vgroup's archive, as every replica holds them once the
+        rounds committed so far are applied: key -> [(archive name, size, magic)]. The
+        vnode's pending rounds (committed or replayed records not archived yet: their adds
+        count, their removals are gone) are read before the manifest, so a round a flush
+        archives in between is seen in one or the other."""
+        pending = vnode.pending_ingests() if vnode is not None else []
         m = read_manifest_of(self.vgroup_path)
-        if m is None:
-            return set()
-        return {(f.table, f.bucket, f.size, f.magic) for f in m.files
-                if getattr(f, "origin", "") == self.origin}
+        out: dict[Key, list[tuple[str, int, int]]] = {}
+        for f in m.files if m is not None else ():
+            if getattr(f, "origin", "") == self.origin:
+                out.setdefault((f.table, f.bucket, f.size, f.magic), []).append((f.name, f.size, f.magic))
+        for p in pending:
+            for k, e in enumerate(p.record.files):
+                if e.origin == self.origin:
+                    name = p.record.archive_name(p.version, k)
+                    held = out.setdefault((e.table, e.bucket, e.size, e.crc32c), [])
+                    if name not in (n for n, _, _ in held):
+                        held.append((name, e.size, e.crc32c))
+            gone = {r.name for r in p.record.removes}
+            if gone:
+                for key in list(out):
+                    out[key] = [x for x in out[key] if x[0] not in gone]
+                    if not out[key]:
+                        del out[key]
+        return out
 
     def write_files(self, fl: FileList) -> None:
         os.makedirs(self.path, exist_ok=True)
         write_atomic(self.p(FILES_LIST), fl.to_bytes(), self.fsync)
+
+    # -- the round history (docs/ship.md §7.1: a cloned UUID) -----------------------------------
+    def read_begun(self) -> list[int]:
+        """Ids of the rounds begun since the last completed one (rounds.json)."""
+        try:
+            with open(self.p(ROUNDS_FILE), encoding="utf-8") as fh:
+                doc = json.load(fh)
+            return [int(x, 16) for x in doc.get("begun", [])]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning(
+                "ship %s: %s unreadable (%s): the round history starts again", self.uuid, self.p(ROUNDS_FILE), exc
+            )
+            return []
+
+    def note_begun(self, round_id: int) -> None:
+        """Remember (durably, before STATE answers) that this sender began round `round_id`:
+        its sync.log may name it from now on."""
+        begun = [x for x in self.read_begun() if x != round_id][-(MAX_BEGUN - 1) :] + [round_id]
+        os.makedirs(self.path, exist_ok=True)
+        write_atomic(self.p(ROUNDS_FILE), json.dumps({"begun": [f"{x:016x}" for x in begun]}).encode(), self.fsync)
+
+    def clear_begun(self) -> None:
+        remove_durable(self.p(ROUNDS_FILE), self.fsync)
 
     def load_log_keys(self) -> tuple[set[str], set[str]]:
         loaded: set[str] = set()
         deleted: set[str] = set()
         try:
             with open(self.p(LOAD_LOG), encoding="utf-8", errors="replace") as fh:
-                lines = fh.read().split("\n")[:-1]     # a torn last line was never fsynced
+                lines = fh.read().split("\n")[:-1]  # a torn last line was never fsynced
         except FileNotFoundError:
             return loaded, deleted
         for line in lines:
             if line.startswith(LOAD_LINE):
-                loaded.add(line[len(LOAD_LINE):])
+                loaded.add(line[len(LOAD_LINE) :])
             elif line.startswith(DELETE_LINE):
-                deleted.add(line[len(DELETE_LINE):])
+                deleted.add(line[len(DELETE_LINE) :])
         return loaded, deleted
 
     def append_load_log(self, lines: list[str]) -> None:
@@ -206,12 +255,15 @@ class Loader(Protocol):
     def load(self, files: list[P.FileEntry]) -> tuple[int, int]: ...
 
 
-def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True) -> list[str]:
+def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True, vnode: Any = None) -> list[str]:
     """The seed's receiver recovery (接收端恢复模块, docs/ship.md §5.2): replay sync.log
-    against load.log — each deletion and each received file not yet in load.log is applied
-    (a file through `loader`, an ingest record; without one, StateError-like ShipError: the
-    round stays until the next session) — then fold the log into files.txt and remove
-    sync.log, load.log, sync.end (in that order) and the data/ leftovers."""
+    against load.log — each received file not yet in load.log is loaded (through `loader`,
+    an ingest record; without one, ShipError: the round stays until the next session); a
+    deletion not in load.log is logged if its file is gone from the archive (its record
+    committed before a crash), else left for the sender to send again (a session applies
+    deletions only in the round's last record, docs/ship.md §3.3) — then fold the log into
+    files.txt and remove sync.log, load.log, sync.end (in that order) and the data/
+    leftovers. `vnode`: the vgroup's, for the rounds not archived yet (SenderDirR.archive)."""
     done: list[str] = []
     if not os.path.exists(sd.p(RSYNC_LOG)):
         for name in (LOAD_LOG, SYNC_END):
@@ -223,13 +275,17 @@ def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True) -> l
     loaded, removed = sd.load_log_keys()
     fl = sd.files()
     todo_del = [e for e in deleted if key_text(e.key) not in removed]
-    if todo_del:
-        sd.append_load_log([DELETE_LINE + key_text(e.key) for e in todo_del])
-        removed |= {key_text(e.key) for e in todo_del}
     todo = [e for e in received if key_text(e.key) not in loaded]
+    arch = sd.archive(vnode) if (todo or todo_del) else {}
+    # A deletion whose record committed before a crash (load.log not yet written) finds its
+    # file gone: recorded, not applied twice. The others wait for the sender's next round.
+    gone = [e for e in todo_del if e.key not in arch]
+    if gone:
+        sd.append_load_log([DELETE_LINE + key_text(e.key) for e in gone])
+        removed |= {key_text(e.key) for e in gone}
     # A file whose ingest record committed before a crash (load.log not yet written) is in
     # the archive with this sender as its origin: recorded, not loaded twice.
-    in_archive = (sd.files_in_archive() | set(fl.entries)) if todo else set()
+    in_archive = (set(arch) | set(fl.entries)) if todo else set()
     already = [e for e in todo if e.key in in_archive]
     if already:
         sd.append_load_log([LOAD_LINE + key_text(e.key) for e in already])
@@ -265,7 +321,9 @@ def recover(sd: SenderDirR, loader: Loader | None, keep_parts: bool = True) -> l
     if rnd is not None and ended:
         fl.seq, fl.round_id = rnd
     sd.write_files(fl)
-    for name in (RSYNC_LOG, LOAD_LOG, SYNC_END):     # the seed's order: 3, 4, 5
+    if rnd is not None and ended:
+        sd.clear_begun()  # the completed round is files.txt's now (a crash before: a superset)
+    for name in (RSYNC_LOG, LOAD_LOG, SYNC_END):  # the seed's order: 3, 4, 5
         remove_durable(sd.p(name), sd.fsync)
     _clean_data(sd, keep_parts)
     done.append(f"folded sync.log ({len(received)} received, {len(deleted)} deleted)")
@@ -317,5 +375,3 @@ def _remove_tree(path: str) -> None:
         os.rmdir(path)
     except FileNotFoundError:
         pass
-
-

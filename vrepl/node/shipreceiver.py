@@ -14,6 +14,7 @@ sender chooses becomes a path; the owner of a table is a sender UUID (never an a
 Must not: block the node's I/O thread (sessions run on their own threads), write into the
 archive or the WAL (ingest does), or trust a byte the sender sent before checking it.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,28 +54,37 @@ log = logging.getLogger("vrepl.ship")
 class ShipService:
     """A node's ship receiver (see the module doc). Thread-safe; its sessions are threads."""
 
-    def __init__(self, senders: dict[int, ShipSenderConfig], vgroups: "dict[int, VgroupHost]",
-                 registry: CollectorRegistry | None = None, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        senders: dict[int, ShipSenderConfig],
+        vgroups: "dict[int, VgroupHost]",
+        registry: CollectorRegistry | None = None,
+        fsync: bool = True,
+    ) -> None:
         self.senders = senders
         self.vgroups = vgroups
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._active: dict[str, "Session"] = {}            # uuid -> running session
+        self._active: dict[str, "Session"] = {}  # uuid -> running session
         self._owner_lock = threading.Lock()
         self.status_of: dict[str, SenderStatus] = {}
         self._stopping = False
         self._threads: set[threading.Thread] = set()
         reg = registry if registry is not None else CollectorRegistry()
-        self.m_rounds = Counter("vrepl_ship_rounds", "Ship rounds received, by outcome",
-                                ["vgroup", "outcome"], registry=reg)
-        self.m_bytes = Counter("vrepl_ship_received_bytes", "File bytes received from ship senders",
-                               ["vgroup"], registry=reg)
-        self.m_files = Counter("vrepl_ship_loaded_files", "Files loaded from ship senders",
-                               ["vgroup"], registry=reg)
-        self.m_retries = Counter("vrepl_ship_bad_files", "Received files that failed their"
-                                 " checksum (the sender sends them again)", ["vgroup"], registry=reg)
-        self.m_refusals = Counter("vrepl_ship_refusals", "Ship sessions refused, by reason",
-                                  ["reason"], registry=reg)
+        self.m_rounds = Counter(
+            "vrepl_ship_rounds", "Ship rounds received, by outcome", ["vgroup", "outcome"], registry=reg
+        )
+        self.m_bytes = Counter(
+            "vrepl_ship_received_bytes", "File bytes received from ship senders", ["vgroup"], registry=reg
+        )
+        self.m_files = Counter("vrepl_ship_loaded_files", "Files loaded from ship senders", ["vgroup"], registry=reg)
+        self.m_retries = Counter(
+            "vrepl_ship_bad_files",
+            "Received files that failed their checksum (the sender sends them again)",
+            ["vgroup"],
+            registry=reg,
+        )
+        self.m_refusals = Counter("vrepl_ship_refusals", "Ship sessions refused, by reason", ["reason"], registry=reg)
 
     # -- the transport's acceptor interface (I/O thread) -------------------------------------
     def hello_refusal(self, hello: codec.Hello) -> str | None:
@@ -101,8 +111,9 @@ class ShipService:
         if self._stopping:
             sock.close()
             return
-        t = threading.Thread(target=self._run_session, args=(sock, hello),
-                             name=f"vrepl-ship-s{hello.node}", daemon=True)
+        t = threading.Thread(
+            target=self._run_session, args=(sock, hello), name=f"vrepl-ship-s{hello.node}", daemon=True
+        )
         with self._lock:
             self._threads.add(t)
         t.start()
@@ -174,7 +185,7 @@ class ShipService:
                     continue
                 origin = getattr(f, "origin", "")
                 if origin.startswith(ORIGIN_PREFIX):
-                    own[f.table] = origin[len(ORIGIN_PREFIX):]
+                    own[f.table] = origin[len(ORIGIN_PREFIX) :]
                 elif not getattr(f, "ingest_version", 0):
                     own[f.table] = LOCAL_OWNER
         return own
@@ -183,8 +194,9 @@ class ShipService:
         """The operator's release (owner None) or transfer of a table; the new owners."""
         if TABLE_NAME_RE.fullmatch(table) is None:
             raise ValueError(f"{table[:80]!r} is not a table name")
-        if owner is not None and not (owner == LOCAL_OWNER or (len(owner) == 32 and all(
-                c in "0123456789abcdef" for c in owner))):
+        if owner is not None and not (
+            owner == LOCAL_OWNER or (len(owner) == 32 and all(c in "0123456789abcdef" for c in owner))
+        ):
             raise ValueError(f"owner {owner[:40]!r} is not a sender UUID (32 hex digits) or 'local'")
         with self._owner_lock:
             own = self.read_owners(vg)
@@ -204,8 +216,10 @@ class ShipService:
                 o = own.get(t)
                 if o and o != uuid:
                     who = "rows written on the receiver itself" if o == LOCAL_OWNER else f"sender {o}"
-                    return (f"table {t} belongs to {who} (a table has one source); an operator may"
-                            f" release it: vrepl ship-owner --node HOST:PORT --vgroup {vg.id} {t} --release")
+                    return (
+                        f"table {t} belongs to {who} (a table has one source); an operator may"
+                        f" release it: vrepl ship-owner --node HOST:PORT --vgroup {vg.id} {t} --release"
+                    )
             explicit = self.read_owners(vg)
             changed = False
             for t in tables:
@@ -216,4 +230,3 @@ class ShipService:
                 os.makedirs(os.path.dirname(self.owners_path(vg)), exist_ok=True)
                 write_atomic(self.owners_path(vg), json.dumps(explicit, sort_keys=True).encode(), self.fsync)
         return None
-

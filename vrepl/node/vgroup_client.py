@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Sequence
 
 from vrepl.node.http import Response, error
-from vrepl.node.ingest import IngestError, IngestFile, IngestResult
+from vrepl.node.ingest import IngestError, IngestFile, IngestRemove, IngestResult
 from vrepl.node.vgroup_restore import SERVING
 from vrepl.replica import ConfirmStatus, invariant
 from vrepl.sync import FlowControlError, NotRunningError
@@ -154,10 +154,12 @@ class VgroupClientApi:
         return self.rounds.staging_dir()
 
     async def ingest(self, files: "list[IngestFile]", kind: str,
-                     meta: dict[str, Any] | None = None) -> IngestResult:
-        """Forward one record naming `files` (in staging_dir()) and return once committed;
-        IngestError otherwise. On this vgroup's I/O loop (docs/vnode.md §9.1)."""
-        return await self.rounds.ingest(files, kind, meta)
+                     meta: dict[str, Any] | None = None,
+                     remove: Sequence[IngestRemove] = ()) -> IngestResult:
+        """Forward one record naming `files` (in staging_dir()) and the archived files it
+        removes (`remove`, docs/vnode.md §9.2) and return once committed; IngestError
+        otherwise. On this vgroup's I/O loop (docs/vnode.md §9.1)."""
+        return await self.rounds.ingest(files, kind, meta, remove)
 
     async def ingest_http(self, body: bytes) -> Response:
         """POST /v1/vgroups/{id}/ingest (docs/client-api.md §Ingesting files)."""

@@ -14,10 +14,11 @@ unusable state directory), 3 interrupted, 4 the receiver is unreachable, not the
 or broke off (after --retries), 5 a hostile name was refused, 6 no space left on the
 receiver, 8 another `vrepl ship` runs for this data directory and receiver, or this sender
 UUID is shipping from elsewhere (a clone), 9 the receiver refused the round (a table owned by
-another source, a type conflict, another precision or file span).
+another source, a type conflict, another precision or file span, a cloned sender).
 Text from the receiver is escaped before it is printed (vrepl/untrusted.py).
 Must not: write into the vnode's directory outside `<data>/ship/`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,7 @@ from vrepl.config import parse_endpoint
 from vrepl.dirlock import DirInUseError, lock_dir
 from vrepl.errors import CliError, ConfigError
 from vrepl.restore.cli import read_secret
-from vrepl.ship.errors import (EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE,
-                               ShipError)
+from vrepl.ship.errors import EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE, ShipError
 from vrepl.ship.sender import RoundResult, Sender, SenderOptions
 from vrepl.ship.state import SenderDir
 from vrepl.untrusted import printable
@@ -54,37 +54,68 @@ def _err(message: str) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    s = sub.add_parser("ship", help="ship a vnode's sealed archived files to a receiving vrepl node",
-                       description="Ship the sealed archived files of one vnode directory to a"
-                       " vgroup of a receiving vrepl node (docs/ship.md). Each round ships the files"
-                       " deleted and added since the last round the receiver confirmed.",
-                       epilog="exit codes: 0 done, 1 a file is corrupt or was given up, 2 usage, 3 interrupted,"
-                       " 4 receiver unreachable/not master/busy/broke off (after --retries), 5 hostile name,"
-                       " 6 receiver disk full, 8 another vrepl ship runs for this directory and receiver (or"
-                       " this UUID ships from elsewhere), 9 refused (owner or type conflict, other precision"
-                       " or file span). docs: docs/ship.md")
-    s.add_argument("--to", required=True, metavar="HOST:PORT[,HOST:PORT...]",
-                   help="the receiving vgroup's nodes, at their replication port; the master is found")
-    s.add_argument("--data", required=True, metavar="DIR",
-                   help="the vnode directory to ship (holds data/manifest.json; e.g. <data_dir>/vg1)")
+    s = sub.add_parser(
+        "ship",
+        help="ship a vnode's sealed archived files to a receiving vrepl node",
+        description="Ship the sealed archived files of one vnode directory to a"
+        " vgroup of a receiving vrepl node (docs/ship.md). Each round ships the files"
+        " deleted and added since the last round the receiver confirmed.",
+        epilog="exit codes: 0 done, 1 a file is corrupt or was given up, 2 usage, 3 interrupted,"
+        " 4 receiver unreachable/not master/busy/broke off (after --retries), 5 hostile name,"
+        " 6 receiver disk full, 8 another vrepl ship runs for this directory and receiver (or"
+        " this UUID ships from elsewhere), 9 refused (owner or type conflict, a clone, other precision"
+        " or file span). docs: docs/ship.md",
+    )
+    s.add_argument(
+        "--to",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the receiving vgroup's nodes, at their replication port; the master is found",
+    )
+    s.add_argument(
+        "--data",
+        required=True,
+        metavar="DIR",
+        help="the vnode directory to ship (holds data/manifest.json; e.g. <data_dir>/vg1)",
+    )
     s.add_argument("--vgroup", type=int, default=1, metavar="N", help="receiving vgroup id (default 1)")
-    s.add_argument("--sender-id", type=int, required=True, metavar="N",
-                   help="this sender's id, as the receiver's [[ship.senders]] names it")
-    s.add_argument("--secret-file", metavar="FILE",
-                   help=f"file holding this sender's secret (default: ${SECRET_ENV})")
+    s.add_argument(
+        "--sender-id",
+        type=int,
+        required=True,
+        metavar="N",
+        help="this sender's id, as the receiver's [[ship.senders]] names it",
+    )
+    s.add_argument("--secret-file", metavar="FILE", help=f"file holding this sender's secret (default: ${SECRET_ENV})")
     mode = s.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="one round, then exit (the default)")
     mode.add_argument("--period", type=float, metavar="SECONDS", help="a round every SECONDS, until stopped")
-    mode.add_argument("--on-flush", action="store_true",
-                      help="a round each time the vnode archives new files (its manifest changes), until stopped")
-    s.add_argument("--retries", type=int, default=5, metavar="N",
-                   help="retry a failed round N times with backoff from 0.5 s doubling to 30 s (default 5)")
-    s.add_argument("--file-retries", type=int, default=5, metavar="N",
-                   help="sends of one file that fails its checksum before it is given up for the round (default 5)")
+    mode.add_argument(
+        "--on-flush",
+        action="store_true",
+        help="a round each time the vnode archives new files (its manifest changes), until stopped",
+    )
+    s.add_argument(
+        "--retries",
+        type=int,
+        default=5,
+        metavar="N",
+        help="retry a failed round N times with backoff from 0.5 s doubling to 30 s (default 5)",
+    )
+    s.add_argument(
+        "--file-retries",
+        type=int,
+        default=5,
+        metavar="N",
+        help="sends of one file that fails its checksum before it is given up for the round (default 5)",
+    )
     s.add_argument("--timeout", type=float, default=60.0, metavar="S", help="I/O timeout in seconds (default 60)")
     s.add_argument("--uuid", metavar="UUID", help="set this sender's UUID (32 hex digits), e.g. after losing uuid.txt")
-    s.add_argument("--resync", action="store_true",
-                   help="reconcile with the receiver's list of this sender's files even if the digests agree")
+    s.add_argument(
+        "--resync",
+        action="store_true",
+        help="reconcile with the receiver's list of this sender's files even if the digests agree",
+    )
     s.add_argument("--bind", metavar="ADDR", help="source address of the connection")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=run_ship)
@@ -94,7 +125,9 @@ def add_parsers(sub: Any) -> None:
     o.add_argument("--vgroup", type=int, default=1, metavar="N", help="vgroup id (default 1)")
     o.add_argument("table", nargs="?", help="the table (omit to list every owner)")
     act = o.add_mutually_exclusive_group()
-    act.add_argument("--release", action="store_true", help="the table has no owner; the next sender to ship it gets it")
+    act.add_argument(
+        "--release", action="store_true", help="the table has no owner; the next sender to ship it gets it"
+    )
     act.add_argument("--to", dest="owner", metavar="UUID", help="transfer the table to this sender UUID (or 'local')")
     o.add_argument("--token-file", metavar="FILE", help="bearer token of the node's HTTP API")
     o.set_defaults(func=run_owner)
@@ -117,10 +150,19 @@ def _options(args: argparse.Namespace) -> SenderOptions:
         raise CliError("--timeout must be positive", EXIT_USAGE)
     if not os.path.isdir(args.data):
         raise CliError(f"--data {args.data}: not a directory", EXIT_USAGE)
-    return SenderOptions(data=args.data, addresses=addresses, receiver=args.to.split(",")[0].strip(),
-                         sender_id=args.sender_id, secret=secret, vgroup=args.vgroup, uuid=args.uuid,
-                         resync=args.resync, file_retries=args.file_retries, io_timeout_s=args.timeout,
-                         bind=args.bind)
+    return SenderOptions(
+        data=args.data,
+        addresses=addresses,
+        receiver=args.to.split(",")[0].strip(),
+        sender_id=args.sender_id,
+        secret=secret,
+        vgroup=args.vgroup,
+        uuid=args.uuid,
+        resync=args.resync,
+        file_retries=args.file_retries,
+        io_timeout_s=args.timeout,
+        bind=args.bind,
+    )
 
 
 class _Bar:
@@ -130,11 +172,26 @@ class _Bar:
         self.progress = None
         if enabled and (sys.stderr.isatty() or os.environ.get("VREPL_FORCE_PROGRESS")):
             from rich.console import Console
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
-                                       TextColumn, TimeRemainingColumn, TransferSpeedColumn)
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                                     TransferSpeedColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                     console=Console(stderr=True), transient=True)
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
         self.bytes_task: Any = None
         self.files_task: Any = None
 
@@ -207,7 +264,7 @@ def _loop(args: argparse.Namespace, opt: SenderOptions, stop: dict[str, bool]) -
         code = _round_with_retries(args, opt)
         if not forever or stop["now"]:
             return code
-        if code not in (EXIT_OK, EXIT_PEER):     # an operator must act first
+        if code not in (EXIT_OK, EXIT_PEER):  # an operator must act first
             return code
         if watcher is not None:
             watcher.wait()
@@ -228,8 +285,11 @@ def _round_with_retries(args: argparse.Namespace, opt: SenderOptions) -> int:
             if exc.retry and attempt < args.retries:
                 attempt += 1
                 log.warning("ship: round failed (%s); retry %d of %d in %.1f s", exc, attempt, args.retries, backoff)
-                print(f"vrepl ship: round failed: {printable(str(exc))}; retry {attempt} of {args.retries}"
-                      f" in {backoff:.1f} s", file=sys.stderr)
+                print(
+                    f"vrepl ship: round failed: {printable(str(exc))}; retry {attempt} of {args.retries}"
+                    f" in {backoff:.1f} s",
+                    file=sys.stderr,
+                )
                 time.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
@@ -261,6 +321,7 @@ class _FlushWatch:
         self.seen = self._ident()
         try:
             from inotify_simple import INotify, flags
+
             self.ino = INotify()
             self.ino.add_watch(self.dir, flags.MOVED_TO | flags.CLOSE_WRITE | flags.CREATE)
         except (ImportError, OSError):

@@ -28,6 +28,7 @@ Must not: touch sockets or files. Decoding checks every length before using it; 
 decoded as sent (the receiver refuses bad ones, vrepl/node/shipreceiver.py) and describe()
 escapes them (vrepl/untrusted.py), since a peer chose them.
 """
+
 from __future__ import annotations
 
 import enum
@@ -47,7 +48,7 @@ MAX_REASON_BYTES = 1024
 MAX_HOST_BYTES = 255
 MAX_ENTRIES_PER_FRAME = 4096
 MAX_SCHEMA_CHUNK_BYTES = 1024 * 1024
-MAX_LOADED_ITEMS = 65536            # offers + deletions named by one LOADED frame
+MAX_LOADED_ITEMS = 65536  # offers + deletions named by one LOADED frame
 # The largest payload of any message here: a list frame of entries with the longest names.
 MAX_FRAME_PAYLOAD_BYTES = 8 + MAX_ENTRIES_PER_FRAME * (35 + MAX_TABLE_BYTES + MAX_NAME_BYTES)
 
@@ -74,14 +75,14 @@ class ShipMsg(enum.IntEnum):
     ERROR = 96
 
 
-FLAG_RESYNC = 1          # BEGIN: reconcile by listing even if the digests agree (--resync)
+FLAG_RESYNC = 1  # BEGIN: reconcile by listing even if the digests agree (--resync)
 
-WANT_SEND = 0            # WANT: send the file from `offset` (0, or what a cut transfer left)
-WANT_LOADED = 1          # the receiver's archive already holds this file of this sender
-WANT_RECEIVED = 2        # received and verified earlier (a cut round): no bytes needed
+WANT_SEND = 0  # WANT: send the file from `offset` (0, or what a cut transfer left)
+WANT_LOADED = 1  # the receiver's archive already holds this file of this sender
+WANT_RECEIVED = 2  # received and verified earlier (a cut round): no bytes needed
 
-RESULT_OK = 0            # RESULT: whole, checksum (CRC-32C) equals the announced magic
-RESULT_BAD = 1           # the bytes do not match the announced checksum: resend from 0
+RESULT_OK = 0  # RESULT: whole, checksum (CRC-32C) equals the announced magic
+RESULT_BAD = 1  # the bytes do not match the announced checksum: resend from 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,48 +104,54 @@ class FileEntry:
         return (self.table, self.bucket, self.size, self.magic)
 
     def describe(self) -> str:
-        return (f"#{self.index} {printable(self.name or self.table)} ({printable(self.table)}"
-                f" b{self.bucket}, {self.size} B, magic {self.magic:#010x})")
+        return (
+            f"#{self.index} {printable(self.name or self.table)} ({printable(self.table)}"
+            f" b{self.bucket}, {self.size} B, magic {self.magic:#010x})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Begin:
-    seq: int                    # the sender's round number with this receiver (1, 2, ...)
-    uuid: bytes                 # 16 bytes: the sender's identity (docs/ship.md §4)
-    round_id: int               # random u64 naming this round
-    last_round_id: int          # the sender's last completed round with this receiver, 0 none
+    seq: int  # the sender's round number with this receiver (1, 2, ...)
+    uuid: bytes  # 16 bytes: the sender's identity (docs/ship.md §4)
+    round_id: int  # random u64 naming this round
+    last_round_id: int  # the sender's last completed round with this receiver, 0 none
     flags: int
-    precision: str              # the sender's vnode precision, "ms" or "us"
+    precision: str  # the sender's vnode precision, "ms" or "us"
     file_span_ms: int
-    last_files: int             # entries in the sender's last_local_files
-    last_digest: bytes          # their digest (docs/ship.md §3)
-    deleted: int                # this round: files deleted on the sender since
-    new: int                    # ... and new files, and their bytes (hints for progress)
+    last_files: int  # entries in the sender's last_local_files
+    last_digest: bytes  # their digest (docs/ship.md §3)
+    deleted: int  # this round: files deleted on the sender since
+    new: int  # ... and new files, and their bytes (hints for progress)
     new_bytes: int
-    host: str = ""              # the sender's host name (shown in status; informational)
+    host: str = ""  # the sender's host name (shown in status; informational)
 
     def describe(self) -> str:
-        return (f"begin round {self.seq} ({self.round_id:016x}) uuid {self.uuid.hex()}"
-                f" last {self.last_round_id:016x} {self.deleted} deleted {self.new} new"
-                f" ({self.new_bytes} B)")
+        return (
+            f"begin round {self.seq} ({self.round_id:016x}) uuid {self.uuid.hex()}"
+            f" last {self.last_round_id:016x} {self.deleted} deleted {self.new} new"
+            f" ({self.new_bytes} B)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class State:
-    last_seq: int               # the receiver's last completed round of this sender (0 none)
+    last_seq: int  # the receiver's last completed round of this sender (0 none)
     last_round_id: int
-    match: bool                 # its digest of this sender's files equals the sender's
+    match: bool  # its digest of this sender's files equals the sender's
     files: int
     digest: bytes
 
     def describe(self) -> str:
-        return (f"state last round {self.last_seq} ({self.last_round_id:016x}) {self.files} files"
-                f" {'match' if self.match else 'differ'}")
+        return (
+            f"state last round {self.last_seq} ({self.last_round_id:016x}) {self.files} files"
+            f" {'match' if self.match else 'differ'}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Schema:
-    chunk: bytes                # UTF-8 JSON {"tables": {table: {column: type}}}, one part
+    chunk: bytes  # UTF-8 JSON {"tables": {table: {column: type}}}, one part
 
     def describe(self) -> str:
         return f"schema {len(self.chunk)} B"
@@ -205,7 +212,7 @@ class Offer:
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    items: tuple[tuple[int, int, int], ...]    # (index, WANT_*, offset)
+    items: tuple[tuple[int, int, int], ...]  # (index, WANT_*, offset)
 
     def describe(self) -> str:
         send = sum(1 for _, s, _ in self.items if s == WANT_SEND)
@@ -216,7 +223,7 @@ class Want:
 class Data:
     index: int
     offset: int
-    size: int                   # raw bytes that follow this frame: file bytes offset..offset+size
+    size: int  # raw bytes that follow this frame: file bytes offset..offset+size
 
     def describe(self) -> str:
         return f"data #{self.index} @{self.offset} {self.size} B"
@@ -225,7 +232,7 @@ class Data:
 @dataclass(frozen=True, slots=True)
 class Result:
     index: int
-    status: int                 # RESULT_*
+    status: int  # RESULT_*
     reason: str = ""
 
     def describe(self) -> str:
@@ -234,10 +241,10 @@ class Result:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    version: int                # the ingest record's version on the receiving vgroup
+    version: int  # the ingest record's version on the receiving vgroup
     epoch: int
-    indexes: tuple[int, ...]    # offers now in the receiver's archive
-    deleted: tuple[int, ...]    # positions in this round's DELETE list now removed
+    indexes: tuple[int, ...]  # offers now in the receiver's archive
+    deleted: tuple[int, ...]  # positions in this round's DELETE list now removed
 
     def describe(self) -> str:
         return f"loaded v{self.version} e{self.epoch} {len(self.indexes)} files {len(self.deleted)} deletions"
@@ -271,10 +278,27 @@ class Error:
         return f"error {self.code} {printable(self.reason)}"
 
 
-ShipMessage = (Begin | State | Schema | SchemaEnd | SchemaOk | ListRequest | ListPart | ListEnd
-               | Delete | Offer | Want | Data | Result | Loaded | End | Done | Error)
+ShipMessage = (
+    Begin
+    | State
+    | Schema
+    | SchemaEnd
+    | SchemaOk
+    | ListRequest
+    | ListPart
+    | ListEnd
+    | Delete
+    | Offer
+    | Want
+    | Data
+    | Result
+    | Loaded
+    | End
+    | Done
+    | Error
+)
 
-_ENTRY = struct.Struct("<IqQIQBH")     # index, bucket, size, magic, rows, table len, name len
+_ENTRY = struct.Struct("<IqQIQBH")  # index, bucket, size, magic, rows, table len, name len
 _BEGIN = struct.Struct("<16sQQBBQI32sIIQH")
 _STATE = struct.Struct("<QBI32s")
 _WANT = struct.Struct("<IBQ")
@@ -323,8 +347,8 @@ def _unpack_entries(p: bytes, what: str) -> tuple[FileEntry, ...]:
         if tlen > MAX_TABLE_BYTES or nlen > MAX_NAME_BYTES or len(p) - off < tlen + nlen:
             raise FrameError(f"malformed {what}: bad name lengths")
         try:
-            table = p[off:off + tlen].decode()
-            name = p[off + tlen:off + tlen + nlen].decode()
+            table = p[off : off + tlen].decode()
+            name = p[off + tlen : off + tlen + nlen].decode()
         except UnicodeDecodeError:
             raise FrameError(f"malformed {what}: a name is not UTF-8") from None
         off += tlen + nlen
@@ -335,58 +359,78 @@ def _unpack_entries(p: bytes, what: str) -> tuple[FileEntry, ...]:
 
 
 def encode(msg: ShipMessage) -> bytes:
-    t = type(msg)
-    if t is Data:
+    if isinstance(msg, Data):
         return _frame(ShipMsg.DATA, msg.index, 0, _DATA.pack(msg.offset, msg.size))
-    if t is Want:
+    if isinstance(msg, Want):
         if len(msg.items) > MAX_ENTRIES_PER_FRAME:
             raise ValueError(f"{len(msg.items)} items in one WANT (max {MAX_ENTRIES_PER_FRAME})")
-        return _frame(ShipMsg.WANT, 0, 0, _U32.pack(len(msg.items))
-                      + b"".join(_WANT.pack(i, s, o) for i, s, o in msg.items))
-    if t is Result:
+        return _frame(
+            ShipMsg.WANT, 0, 0, _U32.pack(len(msg.items)) + b"".join(_WANT.pack(i, s, o) for i, s, o in msg.items)
+        )
+    if isinstance(msg, Result):
         return _frame(ShipMsg.RESULT, msg.index, 0, _U8.pack(msg.status) + msg.reason.encode()[:MAX_REASON_BYTES])
-    if t is Offer:
+    if isinstance(msg, Offer):
         return _frame(ShipMsg.OFFER, 0, 0, _pack_entries(msg.entries))
-    if t is Delete:
+    if isinstance(msg, Delete):
         return _frame(ShipMsg.DELETE, 0, 0, _pack_entries(msg.entries))
-    if t is ListPart:
+    if isinstance(msg, ListPart):
         return _frame(ShipMsg.LIST, 0, 0, _pack_entries(msg.entries))
-    if t is Loaded:
+    if isinstance(msg, Loaded):
         if len(msg.indexes) + len(msg.deleted) > MAX_LOADED_ITEMS:
             raise ValueError(f"{len(msg.indexes) + len(msg.deleted)} items in one LOADED (max {MAX_LOADED_ITEMS})")
-        body = (_U32x2.pack(len(msg.indexes), len(msg.deleted))
-                + b"".join(_U32.pack(i) for i in msg.indexes) + b"".join(_U32.pack(i) for i in msg.deleted))
+        body = (
+            _U32x2.pack(len(msg.indexes), len(msg.deleted))
+            + b"".join(_U32.pack(i) for i in msg.indexes)
+            + b"".join(_U32.pack(i) for i in msg.deleted)
+        )
         return _frame(ShipMsg.LOADED, msg.version, msg.epoch, body)
-    if t is Begin:
+    if isinstance(msg, Begin):
         if len(msg.uuid) != UUID_BYTES or len(msg.last_digest) != DIGEST_BYTES:
             raise ValueError("uuid must be 16 bytes and the digest 32")
         host = msg.host.encode()[:MAX_HOST_BYTES]
-        return _frame(ShipMsg.BEGIN, msg.seq, 0, _BEGIN.pack(
-            msg.uuid, msg.round_id, msg.last_round_id, msg.flags, PRECISIONS.index(msg.precision),
-            msg.file_span_ms, msg.last_files, msg.last_digest, msg.deleted, msg.new, msg.new_bytes,
-            len(host)) + host)
-    if t is State:
-        return _frame(ShipMsg.STATE, msg.last_seq, 0,
-                      _STATE.pack(msg.last_round_id, 1 if msg.match else 0, msg.files, msg.digest))
-    if t is Schema:
+        return _frame(
+            ShipMsg.BEGIN,
+            msg.seq,
+            0,
+            _BEGIN.pack(
+                msg.uuid,
+                msg.round_id,
+                msg.last_round_id,
+                msg.flags,
+                PRECISIONS.index(msg.precision),
+                msg.file_span_ms,
+                msg.last_files,
+                msg.last_digest,
+                msg.deleted,
+                msg.new,
+                msg.new_bytes,
+                len(host),
+            )
+            + host,
+        )
+    if isinstance(msg, State):
+        return _frame(
+            ShipMsg.STATE, msg.last_seq, 0, _STATE.pack(msg.last_round_id, 1 if msg.match else 0, msg.files, msg.digest)
+        )
+    if isinstance(msg, Schema):
         if len(msg.chunk) > MAX_SCHEMA_CHUNK_BYTES:
             raise ValueError(f"schema chunk of {len(msg.chunk)} bytes (max {MAX_SCHEMA_CHUNK_BYTES})")
         return _frame(ShipMsg.SCHEMA, 0, 0, msg.chunk)
-    if t is SchemaEnd:
+    if isinstance(msg, SchemaEnd):
         return _frame(ShipMsg.SCHEMA_END, msg.tables)
-    if t is SchemaOk:
+    if isinstance(msg, SchemaOk):
         return _frame(ShipMsg.SCHEMA_OK)
-    if t is ListRequest:
+    if isinstance(msg, ListRequest):
         return _frame(ShipMsg.LIST_REQUEST)
-    if t is ListEnd:
+    if isinstance(msg, ListEnd):
         return _frame(ShipMsg.LIST_END, msg.count, 0, _LIST_END.pack(msg.digest))
-    if t is End:
+    if isinstance(msg, End):
         return _frame(ShipMsg.END, msg.offered, 0, _U32.pack(msg.deleted))
-    if t is Done:
+    if isinstance(msg, Done):
         return _frame(ShipMsg.DONE, msg.seq, 0, _DONE.pack(msg.files, msg.digest))
-    if t is Error:
+    if isinstance(msg, Error):
         return _frame(ShipMsg.ERROR, 0, 0, _U8.pack(msg.code) + msg.reason.encode()[:MAX_REASON_BYTES])
-    raise TypeError(f"no ship encoding for {t.__name__}")
+    raise TypeError(f"no ship encoding for {type(msg).__name__}")
 
 
 def _expect(p: bytes, n: int, name: str) -> None:
@@ -415,7 +459,7 @@ def decode(rec: _rec.Record) -> ShipMessage:
     if t == ShipMsg.RESULT:
         if len(p) < 1 or p[0] > RESULT_BAD:
             raise FrameError("malformed RESULT")
-        return Result(v, p[0], p[1:1 + MAX_REASON_BYTES].decode("utf-8", "replace"))
+        return Result(v, p[0], p[1 : 1 + MAX_REASON_BYTES].decode("utf-8", "replace"))
     if t == ShipMsg.OFFER:
         return Offer(_unpack_entries(p, "OFFER"))
     if t == ShipMsg.DELETE:
@@ -434,13 +478,27 @@ def decode(rec: _rec.Record) -> ShipMessage:
     if t == ShipMsg.BEGIN:
         if len(p) < _BEGIN.size:
             raise FrameError(f"malformed BEGIN: payload is {len(p)} bytes")
-        (uuid, round_id, last, flags, prec, span, last_files, digest, deleted, new, new_bytes,
-         hlen) = _BEGIN.unpack_from(p)
+        (uuid, round_id, last, flags, prec, span, last_files, digest, deleted, new, new_bytes, hlen) = (
+            _BEGIN.unpack_from(p)
+        )
         _expect(p, _BEGIN.size + hlen, "BEGIN")
         if prec >= len(PRECISIONS):
             raise FrameError(f"malformed BEGIN: precision code {prec}")
-        return Begin(v, uuid, round_id, last, flags, PRECISIONS[prec], span, last_files, digest,
-                     deleted, new, new_bytes, p[_BEGIN.size:].decode("utf-8", "replace"))
+        return Begin(
+            v,
+            uuid,
+            round_id,
+            last,
+            flags,
+            PRECISIONS[prec],
+            span,
+            last_files,
+            digest,
+            deleted,
+            new,
+            new_bytes,
+            p[_BEGIN.size :].decode("utf-8", "replace"),
+        )
     if t == ShipMsg.STATE:
         _expect(p, _STATE.size, "STATE")
         last, match, files, digest = _STATE.unpack(p)
@@ -471,5 +529,5 @@ def decode(rec: _rec.Record) -> ShipMessage:
     if t == ShipMsg.ERROR:
         if len(p) < 1:
             raise FrameError("malformed ERROR: no code")
-        return Error(p[0], p[1:1 + MAX_REASON_BYTES].decode("utf-8", "replace"))
+        return Error(p[0], p[1 : 1 + MAX_REASON_BYTES].decode("utf-8", "replace"))
     raise FrameError(f"unknown ship message type {t}")

@@ -14,6 +14,7 @@ sync.log (fsynced), and fold the log into the list once the receiver says DONE.
 Must not: hold the sender lock (the CLI holds it for the life of the process), print
 anything (progress goes through `progress(kind, n)`), or write into the vnode's data.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,18 +27,32 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from vrepl._core import crc32c as _crc
-from vrepl.killpoints import killpoint, register
 from vrepl.errors import InvariantViolation
+from vrepl.killpoints import killpoint, register
 from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
-from vrepl.ship.errors import (ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError, StateError,
-                               UnsafeName)
-from vrepl.ship.state import (SYNC_LOG, fsync_dir, load_uuid, FileList, Key, SenderDir, SyncLog, LOG_DELETED_END,
-                              LOG_DELETED_START, LOG_END, LOG_LOADED, LOG_REMOVED,
-                              LOG_TSFILE_END, LOG_TSFILE_START, digest_of_keys, entry_line)
+from vrepl.ship.errors import ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError, StateError, UnsafeName
+from vrepl.ship.state import (
+    LOG_DELETED_END,
+    LOG_DELETED_START,
+    LOG_END,
+    LOG_LOADED,
+    LOG_REMOVED,
+    LOG_TSFILE_END,
+    LOG_TSFILE_START,
+    SYNC_LOG,
+    FileList,
+    Key,
+    SenderDir,
+    SyncLog,
+    digest_of_keys,
+    entry_line,
+    fsync_dir,
+    load_uuid,
+)
 from vrepl.ship.stream import ShipStream, connect
 from vrepl.vnode.errors import ArchiveError
 from vrepl.vnode.files import MANIFEST_NAME, Manifest
@@ -46,39 +61,39 @@ from vrepl.vnode.rows import TABLE_NAME_RE
 log = logging.getLogger("vrepl.ship")
 
 # Kill points of the sender (vrepl/killpoints.py; tests/integration/test_ship_nodes.py).
-KP_SNAPSHOT = register("ship.sender.after_snapshot",
-                       "the round's new files are hard-linked into snapshot/; sync.log not started")
-KP_LOG_STARTED = register("ship.sender.after_log_start",
-                          "sync.log says 'sync start'; schema and deletions not sent")
-KP_MID_FILE = register("ship.sender.mid_file",
-                       "part of a file's bytes are sent (a cut transfer the receiver resumes)")
-KP_FILE_SENT = register("ship.sender.after_file_sent",
-                        "a whole file is sent; its result and load not yet confirmed")
-KP_LOADED_LOGGED = register("ship.sender.after_loaded_log",
-                            "sync.log names files the receiver confirmed loaded; more may follow")
-KP_DONE = register("ship.sender.after_done",
-                   "the receiver said DONE; sync.log not yet folded into last_local_files.txt")
+KP_SNAPSHOT = register(
+    "ship.sender.after_snapshot", "the round's new files are hard-linked into snapshot/; sync.log not started"
+)
+KP_LOG_STARTED = register("ship.sender.after_log_start", "sync.log says 'sync start'; schema and deletions not sent")
+KP_MID_FILE = register("ship.sender.mid_file", "part of a file's bytes are sent (a cut transfer the receiver resumes)")
+KP_FILE_SENT = register("ship.sender.after_file_sent", "a whole file is sent; its result and load not yet confirmed")
+KP_LOADED_LOGGED = register(
+    "ship.sender.after_loaded_log", "sync.log names files the receiver confirmed loaded; more may follow"
+)
+KP_DONE = register(
+    "ship.sender.after_done", "the receiver said DONE; sync.log not yet folded into last_local_files.txt"
+)
 
 CRC_CHUNK_BYTES = 16 * 1024 * 1024
-SELECT_ATTEMPTS = 5          # manifest re-reads when a file vanished between read and link
+SELECT_ATTEMPTS = 5  # manifest re-reads when a file vanished between read and link
 
 
 @dataclass
 class SenderOptions:
-    data: str                       # the vnode's directory (holds data/manifest.json)
-    addresses: list[tuple[str, int]]   # the receiving vgroup's nodes (replication ports)
-    receiver: str                   # how the operator named them (--to): names the state dir
+    data: str  # the vnode's directory (holds data/manifest.json)
+    addresses: list[tuple[str, int]]  # the receiving vgroup's nodes (replication ports)
+    receiver: str  # how the operator named them (--to): names the state dir
     sender_id: int
     secret: bytes
     vgroup: int = 1
-    uuid: str | None = None         # --uuid: set the sender's UUID explicitly
-    resync: bool = False            # reconcile by listing even when the digests agree
-    file_retries: int = 5           # sends of one file whose checksum fails (seed: 5)
-    offer_files: int = 1000         # entries per OFFER
+    uuid: str | None = None  # --uuid: set the sender's UUID explicitly
+    resync: bool = False  # reconcile by listing even when the digests agree
+    file_retries: int = 5  # sends of one file whose checksum fails (seed: 5)
+    offer_files: int = 1000  # entries per OFFER
     connect_timeout_s: float = 5.0
     io_timeout_s: float = 60.0
     fsync: bool = True
-    bind: str | None = None         # source address of the connection (--bind)
+    bind: str | None = None  # source address of the connection (--bind)
 
 
 @dataclass
@@ -86,17 +101,17 @@ class RoundResult:
     seq: int = 0
     round_id: int = 0
     receiver: str = ""
-    deleted: int = 0                # files deleted on the sender since the last round
-    new: int = 0                    # new files this round
+    deleted: int = 0  # files deleted on the sender since the last round
+    new: int = 0  # new files this round
     new_bytes: int = 0
-    sent_files: int = 0             # files whose bytes crossed the network
-    sent_bytes: int = 0             # file bytes sent (a resumed file counts its rest)
-    skipped: int = 0                # new files the receiver already held or had received
-    loaded: int = 0                 # files the receiver confirmed loaded
-    removed: int = 0                # deletions the receiver confirmed
-    retries: int = 0                # files sent again after a failed checksum
-    reconciled: bool = False        # the digests differed: the list was taken from the receiver
-    failed: list[str] = field(default_factory=list)   # files given up this round (reasons)
+    sent_files: int = 0  # files whose bytes crossed the network
+    sent_bytes: int = 0  # file bytes sent (a resumed file counts its rest)
+    skipped: int = 0  # new files the receiver already held or had received
+    loaded: int = 0  # files the receiver confirmed loaded
+    removed: int = 0  # deletions the receiver confirmed
+    retries: int = 0  # files sent again after a failed checksum
+    reconciled: bool = False  # the digests differed: the list was taken from the receiver
+    failed: list[str] = field(default_factory=list)  # files given up this round (reasons)
     repaired: list[str] = field(default_factory=list)  # what recovery did before the round
     seconds: float = 0.0
     nothing_new: bool = False
@@ -105,9 +120,11 @@ class RoundResult:
         if self.nothing_new:
             return f"round {self.seq} to {self.receiver}: nothing new ({self.seconds * 1000:.0f} ms)"
         rate = self.sent_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
-        text = (f"round {self.seq} to {self.receiver}: {self.loaded} of {self.new} new files loaded"
-                f" ({self.sent_files} sent, {self.sent_bytes} B, {rate:.1f} MB/s; {self.skipped} already"
-                f" there), {self.removed} of {self.deleted} deletions applied in {self.seconds:.2f} s")
+        text = (
+            f"round {self.seq} to {self.receiver}: {self.loaded} of {self.new} new files loaded"
+            f" ({self.sent_files} sent, {self.sent_bytes} B, {rate:.1f} MB/s; {self.skipped} already"
+            f" there), {self.removed} of {self.deleted} deletions applied in {self.seconds:.2f} s"
+        )
         if self.retries:
             text += f", {self.retries} files sent again"
         if self.reconciled:
@@ -121,8 +138,10 @@ def read_manifest(data: str) -> Manifest:
         with open(path, "rb") as fh:
             raw = fh.read()
     except FileNotFoundError:
-        raise StateError(f"{data}: no {MANIFEST_NAME}: not a vnode data directory (give the"
-                         " directory that holds data/ and wal/, e.g. <data_dir>/vg1)") from None
+        raise StateError(
+            f"{data}: no {MANIFEST_NAME}: not a vnode data directory (give the"
+            " directory that holds data/ and wal/, e.g. <data_dir>/vg1)"
+        ) from None
     except OSError as exc:
         raise StateError(f"{path}: {exc.strerror}") from None
     try:
@@ -144,8 +163,7 @@ def manifest_entries(m: Manifest) -> dict[Key, P.FileEntry]:
     return out
 
 
-def diff(last: dict[Key, P.FileEntry], now: dict[Key, P.FileEntry]
-         ) -> tuple[list[P.FileEntry], list[P.FileEntry]]:
+def diff(last: dict[Key, P.FileEntry], now: dict[Key, P.FileEntry]) -> tuple[list[P.FileEntry], list[P.FileEntry]]:
     """(deleted, new): the seed's two lists, by content key, in a stable order."""
     deleted = sorted((e for k, e in last.items() if k not in now), key=lambda e: e.key)
     new = sorted((e for k, e in now.items() if k not in last), key=lambda e: (e.bucket, e.table, e.key))
@@ -182,19 +200,18 @@ class _Replies(threading.Thread):
         try:
             while True:
                 msg = self.stream.recv()
-                t = type(msg)
-                if t is P.Loaded:
+                if isinstance(msg, P.Loaded):
                     self.s._on_loaded(msg)
-                elif t is P.Done:
+                elif isinstance(msg, P.Done):
                     self.done = msg
                     return
-                elif t in (P.Want, P.Result):
+                elif isinstance(msg, (P.Want, P.Result)):
                     self.q.put(msg)
                 else:
                     raise PeerGone(f"unexpected {msg.describe()} from the receiver")
         except ShipError as exc:
             self.error = exc
-        except Exception as exc:        # a bug here must still end the round, with a reason
+        except Exception as exc:  # a bug here must still end the round, with a reason
             self.error = ShipError(f"reading the receiver's answers failed: {exc!r}")
         finally:
             self.finished.set()
@@ -203,7 +220,7 @@ class _Replies(threading.Thread):
     def get(self) -> object:
         item = self.q.get()
         if item is None:
-            self.q.put(None)                 # keep the end marker for the next get()
+            self.q.put(None)  # keep the end marker for the next get()
             raise self.error or PeerGone("the receiver closed the connection")
         return item
 
@@ -249,8 +266,15 @@ class Sender:
         res.round_id = secrets.randbits(64) or 1
         return self._to_master(m, last, now, deleted, new, t0)
 
-    def _to_master(self, m: Manifest, last: FileList, now: dict[Key, P.FileEntry],
-                   deleted: list[P.FileEntry], new: list[P.FileEntry], t0: float) -> RoundResult:
+    def _to_master(
+        self,
+        m: Manifest,
+        last: FileList,
+        now: dict[Key, P.FileEntry],
+        deleted: list[P.FileEntry],
+        new: list[P.FileEntry],
+        t0: float,
+    ) -> RoundResult:
         """Try each --to address, starting with the one that answered as master last time;
         a node that is not the vgroup's master refuses the BEGIN (nothing happened yet), and
         the next address is tried."""
@@ -262,9 +286,16 @@ class Sender:
         for k in range(n):
             host, port = opt.addresses[(first + k) % n]
             try:
-                stream = connect(host, port, secret=opt.secret, sender_id=opt.sender_id, vgroup=opt.vgroup,
-                                 timeout_s=opt.connect_timeout_s, io_timeout_s=opt.io_timeout_s,
-                                 source_address=(opt.bind, 0) if opt.bind else None)
+                stream = connect(
+                    host,
+                    port,
+                    secret=opt.secret,
+                    sender_id=opt.sender_id,
+                    vgroup=opt.vgroup,
+                    timeout_s=opt.connect_timeout_s,
+                    io_timeout_s=opt.io_timeout_s,
+                    source_address=(opt.bind, 0) if opt.bind else None,
+                )
             except PeerGone as exc:
                 last_exc = exc
                 if not exc.retry:
@@ -273,7 +304,7 @@ class Sender:
             try:
                 res = self._session(stream, m, last, now, deleted, list(new), t0)
                 Sender._master_hint[(opt.receiver, opt.vgroup)] = (first + k) % n
-                if k:       # remembered for the next process (state.json)
+                if k:  # remembered for the next process (state.json)
                     self.sdir.write_state({**self.sdir.read_state(), "master_index": (first + k) % n})
                 return res
             except Refused as exc:
@@ -287,15 +318,34 @@ class Sender:
                 stream.close()
         raise last_exc or PeerGone("no receiver address to try")
 
-    def _session(self, stream: ShipStream, m: Manifest, last: FileList, now: dict[Key, P.FileEntry],
-                 deleted: list[P.FileEntry], new: list[P.FileEntry], t0: float) -> RoundResult:
+    def _session(
+        self,
+        stream: ShipStream,
+        m: Manifest,
+        last: FileList,
+        now: dict[Key, P.FileEntry],
+        deleted: list[P.FileEntry],
+        new: list[P.FileEntry],
+        t0: float,
+    ) -> RoundResult:
         opt, res = self.opt, self._res
         if self.uuid is None:
             raise InvariantViolation("self.uuid is not set")
-        begin = P.Begin(res.seq, bytes.fromhex(self.uuid), res.round_id, last.round_id,
-                        P.FLAG_RESYNC if opt.resync else 0, m.precision, m.file_span_ms,
-                        len(last.entries), last.digest(), len(deleted), len(new),
-                        sum(e.size for e in new), socket.gethostname()[:P.MAX_HOST_BYTES])
+        begin = P.Begin(
+            res.seq,
+            bytes.fromhex(self.uuid),
+            res.round_id,
+            last.round_id,
+            P.FLAG_RESYNC if opt.resync else 0,
+            m.precision,
+            m.file_span_ms,
+            len(last.entries),
+            last.digest(),
+            len(deleted),
+            len(new),
+            sum(e.size for e in new),
+            socket.gethostname()[: P.MAX_HOST_BYTES],
+        )
         stream.send(begin)
         st = stream.recv()
         if type(st) is not P.State:
@@ -325,7 +375,7 @@ class Sender:
         self._deleted = deleted
         self._log.write([LOG_DELETED_START])
         for k in range(0, len(deleted), P.MAX_ENTRIES_PER_FRAME):
-            stream.send(P.Delete(tuple(deleted[k:k + P.MAX_ENTRIES_PER_FRAME])))
+            stream.send(P.Delete(tuple(deleted[k : k + P.MAX_ENTRIES_PER_FRAME])))
         self._log.write([LOG_DELETED_END, LOG_TSFILE_START])
         replies = _Replies(self, stream)
         replies.start()
@@ -335,8 +385,8 @@ class Sender:
             replies.finished.wait()
             if replies.error is not None:
                 raise replies.error
-            done = replies.done
-            if done is None:
+            final = replies.done
+            if final is None:
                 raise InvariantViolation("done is not set")
         finally:
             if not replies.finished.is_set():
@@ -351,12 +401,14 @@ class Sender:
         self.sdir.recover()
         self._note_schema(m, new)
         folded = self.sdir.read_last()
-        self._check_done(done, folded, res)
+        self._check_done(final, folded, res)
         res.seconds = time.monotonic() - t0
         if res.failed:
-            raise BadData(f"{len(res.failed)} files could not be shipped this round: {res.failed[0]}"
-                          + (f" (and {len(res.failed) - 1} more)" if len(res.failed) > 1 else ""),
-                          retry=True)
+            raise BadData(
+                f"{len(res.failed)} files could not be shipped this round: {res.failed[0]}"
+                + (f" (and {len(res.failed) - 1} more)" if len(res.failed) > 1 else ""),
+                retry=True,
+            )
         return res
 
     def _check_done(self, done: P.Done, fl: FileList, res: RoundResult) -> None:
@@ -365,11 +417,18 @@ class Sender:
         missing unnoticed)."""
         mine = fl.digest()
         if done.digest != mine or done.files != len(fl.entries):
-            log.warning("ship to %s: after round %d the receiver holds %d files of this sender, the"
-                        " sender's list %d (digests differ): the next round reconciles by listing",
-                        self.opt.receiver, res.seq, done.files, len(fl.entries))
-            res.failed.append(f"the receiver's state after the round differs from the sender's list"
-                              f" ({done.files} files there, {len(fl.entries)} here)")
+            log.warning(
+                "ship to %s: after round %d the receiver holds %d files of this sender, the"
+                " sender's list %d (digests differ): the next round reconciles by listing",
+                self.opt.receiver,
+                res.seq,
+                done.files,
+                len(fl.entries),
+            )
+            res.failed.append(
+                f"the receiver's state after the round differs from the sender's list"
+                f" ({done.files} files there, {len(fl.entries)} here)"
+            )
 
     # -- steps -------------------------------------------------------------------------------
     def _reconcile(self, stream: ShipStream, last: FileList, now: dict[Key, P.FileEntry]) -> FileList:
@@ -388,14 +447,21 @@ class Sender:
             if type(msg) is not P.ListEnd:
                 raise PeerGone(f"expected list or list_end, got {msg.describe()}")
             if msg.count != len(keys) or msg.digest != digest_of_keys(keys):
-                raise PeerGone(f"the receiver's list does not match its own count/digest ({msg.count} announced,"
-                               f" {len(keys)} received)")
+                raise PeerGone(
+                    f"the receiver's list does not match its own count/digest ({msg.count} announced,"
+                    f" {len(keys)} received)"
+                )
             break
         fl = FileList(keys, last.seq, last.round_id)
         self.sdir.write_last(fl)
         self.sdir.reset_schema()
-        log.warning("ship to %s: reconciled with the receiver's list: it holds %d files of this sender"
-                    " (the sender's list had %d)", self.opt.receiver, len(keys), len(last.entries))
+        log.warning(
+            "ship to %s: reconciled with the receiver's list: it holds %d files of this sender"
+            " (the sender's list had %d)",
+            self.opt.receiver,
+            len(keys),
+            len(last.entries),
+        )
         return fl
 
     def _snapshot(self, new: list[P.FileEntry], now: dict[Key, P.FileEntry]) -> dict[Key, str]:
@@ -413,9 +479,9 @@ class Sender:
             try:
                 os.link(src, dst, follow_symlinks=False)
             except FileNotFoundError:
-                continue        # replaced by a flush since the manifest was read: not this round
+                continue  # replaced by a flush since the manifest was read: not this round
             except OSError:
-                shutil.copyfile(src, dst, follow_symlinks=False)   # another file system
+                shutil.copyfile(src, dst, follow_symlinks=False)  # another file system
             if os.lstat(dst).st_size != e.size:
                 raise ShipError(f"{e.name} is {os.lstat(dst).st_size} bytes on disk, the manifest says {e.size}")
             out[e.key] = dst
@@ -423,8 +489,11 @@ class Sender:
             fsync_dir(snap)
         missing = [e for e in new if e.key not in out]
         if missing:
-            log.info("ship to %s: %d files were replaced by a flush since the manifest was read; they go"
-                     " in the next round", self.opt.receiver, len(missing))
+            log.info(
+                "ship to %s: %d files were replaced by a flush since the manifest was read; they go in the next round",
+                self.opt.receiver,
+                len(missing),
+            )
             new[:] = [e for e in new if e.key in out]
         return out
 
@@ -440,12 +509,12 @@ class Sender:
         items = list(tables.items())
         chunk: dict[str, object] = {}
         size = 0
-        for name, cols in items:
-            piece = len(name) + len(json.dumps(cols)) + 8
+        for name, spec in items:
+            piece = len(name) + len(json.dumps(spec)) + 8
             if chunk and size + piece > P.MAX_SCHEMA_CHUNK_BYTES - 64:
                 stream.send(P.Schema(json.dumps({"tables": chunk}, separators=(",", ":")).encode()))
                 chunk, size = {}, 0
-            chunk[name] = cols
+            chunk[name] = spec
             size += piece
         if chunk or not items:
             stream.send(P.Schema(json.dumps({"tables": chunk}, separators=(",", ":")).encode()))
@@ -465,15 +534,14 @@ class Sender:
         if changed:
             self.sdir.write_schema(known)
 
-    def _offer_all(self, stream: ShipStream, replies: _Replies, new: list[P.FileEntry],
-                   snap: dict[Key, str]) -> None:
+    def _offer_all(self, stream: ShipStream, replies: _Replies, new: list[P.FileEntry], snap: dict[Key, str]) -> None:
         opt, res = self.opt, self._res
         todo = list(new)
         tries: dict[Key, int] = {}
-        awaiting: dict[int, P.FileEntry] = {}   # sent, waiting for RESULT
+        awaiting: dict[int, P.FileEntry] = {}  # sent, waiting for RESULT
         index = 0
         while todo or awaiting:
-            batch, todo = todo[:opt.offer_files], todo[opt.offer_files:]
+            batch, todo = todo[: opt.offer_files], todo[opt.offer_files :]
             if batch:
                 entries = []
                 for e in batch:
@@ -508,28 +576,48 @@ class Sender:
             else:
                 self._drain(replies, awaiting, todo, tries, snap, block=True)
 
-    def _next(self, replies: _Replies, want_type: type, awaiting: dict[int, P.FileEntry],
-              todo: list[P.FileEntry], tries: dict[Key, int], snap: dict[Key, str]) -> P.Want:
+    def _next(
+        self,
+        replies: _Replies,
+        want_type: type,
+        awaiting: dict[int, P.FileEntry],
+        todo: list[P.FileEntry],
+        tries: dict[Key, int],
+        snap: dict[Key, str],
+    ) -> P.Want:
         while True:
             msg = replies.get()
             if type(msg) is want_type:
-                return msg   # type: ignore[return-value]
-            self._on_result(msg, awaiting, todo, tries, snap)   # type: ignore[arg-type]
+                return msg  # type: ignore[return-value]
+            self._on_result(msg, awaiting, todo, tries, snap)  # type: ignore[arg-type]
 
-    def _drain(self, replies: _Replies, awaiting: dict[int, P.FileEntry], todo: list[P.FileEntry],
-               tries: dict[Key, int], snap: dict[Key, str], block: bool) -> None:
+    def _drain(
+        self,
+        replies: _Replies,
+        awaiting: dict[int, P.FileEntry],
+        todo: list[P.FileEntry],
+        tries: dict[Key, int],
+        snap: dict[Key, str],
+        block: bool,
+    ) -> None:
         while awaiting:
             if not block and replies.q.empty():
                 return
             msg = replies.get()
             if type(msg) is not P.Result:
-                raise PeerGone(f"unexpected {msg.describe()} while waiting for file results")   # type: ignore[attr-defined]
+                raise PeerGone(f"unexpected {msg.describe()} while waiting for file results")  # type: ignore[attr-defined]
             self._on_result(msg, awaiting, todo, tries, snap)
             if block:
                 return
 
-    def _on_result(self, msg: P.Result, awaiting: dict[int, P.FileEntry], todo: list[P.FileEntry],
-                   tries: dict[Key, int], snap: dict[Key, str]) -> None:
+    def _on_result(
+        self,
+        msg: P.Result,
+        awaiting: dict[int, P.FileEntry],
+        todo: list[P.FileEntry],
+        tries: dict[Key, int],
+        snap: dict[Key, str],
+    ) -> None:
         e = awaiting.pop(msg.index, None)
         if e is None:
             raise PeerGone(f"a result for #{msg.index}, which is not waiting for one")
@@ -537,8 +625,14 @@ class Sender:
             self.progress("files", 1)
             return
         n = tries[e.key] = tries.get(e.key, 0) + 1
-        log.warning("ship to %s: %s failed its check at the receiver (%s); attempt %d of %d",
-                    self.opt.receiver, e.name, msg.reason, n, self.opt.file_retries)
+        log.warning(
+            "ship to %s: %s failed its check at the receiver (%s); attempt %d of %d",
+            self.opt.receiver,
+            e.name,
+            msg.reason,
+            n,
+            self.opt.file_retries,
+        )
         self._res.retries += 1
         if n < self.opt.file_retries:
             todo.append(e)
@@ -547,8 +641,11 @@ class Sender:
         # whether our own copy is the damaged one.
         got = file_magic_of(snap[e.key])
         if got != e.magic:
-            raise BadData(f"{e.name} is corrupt on the sender: its bytes have magic {got:#010x}, the"
-                          f" manifest says {e.magic:#010x} (vrepl's vnode refuses to read it too)", retry=False)
+            raise BadData(
+                f"{e.name} is corrupt on the sender: its bytes have magic {got:#010x}, the"
+                f" manifest says {e.magic:#010x} (vrepl's vnode refuses to read it too)",
+                retry=False,
+            )
         self._res.failed.append(f"{e.name}: {msg.reason} ({n} attempts)")
 
     def _send(self, stream: ShipStream, index: int, e: P.FileEntry, path: str, offset: int) -> None:
@@ -558,6 +655,7 @@ class Sender:
                 raise ShipError(f"{e.name} changed size in the snapshot")
             if offset:
                 self.progress("file_bytes", offset)
+
             def sent(n: int) -> None:
                 self.progress("file_bytes", n)
                 killpoint(KP_MID_FILE)
@@ -570,7 +668,7 @@ class Sender:
         killpoint(KP_FILE_SENT)
 
     # -- confirmations (reply thread) --------------------------------------------------------
-    def _confirm_loaded(self, files: list[P.FileEntry], removed: list[P.FileEntry] = ()) -> None:
+    def _confirm_loaded(self, files: list[P.FileEntry], removed: Sequence[P.FileEntry] = ()) -> None:
         lines = [LOG_LOADED + entry_line(e) for e in files] + [LOG_REMOVED + entry_line(e) for e in removed]
         with self._log_lock:
             if self._log is not None:
@@ -593,4 +691,3 @@ class Sender:
                 raise PeerGone(f"loaded names deletion {k} of {len(self._deleted)}")
             removed.append(self._deleted[k])
         self._confirm_loaded(files, removed)
-

@@ -17,6 +17,7 @@ seed records a file as soon as its bytes are sent, so a crash between the transf
 load made it "synced" and never sent again).
 Must not: talk to the receiver, or read the vnode's files (sender.py does).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,14 +53,15 @@ LOG_DELETED_END = "sync deleted file names end"
 LOG_TSFILE_START = "sync tsfile start"
 LOG_TSFILE_END = "sync tsfile end"
 LOG_END = "sync end"
-LOG_LOADED = "+ "        # + <entry>: the receiver confirmed this file loaded (in its archive)
-LOG_REMOVED = "- "       # - <entry>: the receiver confirmed this file removed
+LOG_LOADED = "+ "  # + <entry>: the receiver confirmed this file loaded (in its archive)
+LOG_REMOVED = "- "  # - <entry>: the receiver confirmed this file removed
 
 Key = tuple[str, int, int, int]
 
 
 # ------------------------------------------------------------------------------------------
 # durable writes
+
 
 def remove_durable(path: str, fsync: bool = True) -> bool:
     """Remove a file or directory tree if present (and fsync its parent); whether it was."""
@@ -77,6 +79,7 @@ def remove_durable(path: str, fsync: bool = True) -> bool:
 
 # ------------------------------------------------------------------------------------------
 # entries, lists, digests
+
 
 def entry_line(e: FileEntry) -> str:
     """`<table>\\t<bucket>\\t<size>\\t<magic>\\t<rows>\\t<name>`: names never hold a tab or a
@@ -108,7 +111,7 @@ class FileList:
     """What the receiver holds of this sender, by key, and the round that made it so."""
 
     entries: dict[Key, FileEntry]
-    seq: int = 0              # the last completed round (0: none yet)
+    seq: int = 0  # the last completed round (0: none yet)
     round_id: int = 0
 
     def digest(self) -> bytes:
@@ -128,7 +131,7 @@ class FileList:
         lines = text.split("\n")
         if not lines or not lines[0].startswith(LIST_HEADER):
             raise StateError(f"{path}: not a file list (no header)")
-        head = dict(p.split("=", 1) for p in lines[0][len(LIST_HEADER):].split() if "=" in p)
+        head = dict(p.split("=", 1) for p in lines[0][len(LIST_HEADER) :].split() if "=" in p)
         try:
             seq, round_id = int(head.get("seq", "0")), int(head.get("round", "0"), 16)
         except ValueError:
@@ -139,7 +142,7 @@ class FileList:
             raise StateError(f"{path}: cut short (no trailer): written by a round a crash interrupted")
         body = lines[1:-1]
         try:
-            count = int(lines[-1][len(LIST_TRAILER) + 1:])
+            count = int(lines[-1][len(LIST_TRAILER) + 1 :])
         except ValueError:
             raise StateError(f"{path}: malformed trailer") from None
         if count != len(body):
@@ -153,6 +156,7 @@ class FileList:
 
 # ------------------------------------------------------------------------------------------
 # sync.log
+
 
 class SyncLog:
     """The running round's log: appended and fsynced as the receiver confirms files."""
@@ -200,7 +204,7 @@ def fold_log(base: FileList, log_path: str) -> tuple[FileList, int, int]:
     with open(log_path, encoding="utf-8", errors="replace") as fh:
         text = fh.read()
     lines = text.split("\n")
-    complete = lines[:-1]           # the text after the last newline is a torn line
+    complete = lines[:-1]  # the text after the last newline is a torn line
     for line in complete:
         if line.startswith(LOG_LOADED) or line.startswith(LOG_REMOVED):
             try:
@@ -224,6 +228,7 @@ def fold_log(base: FileList, log_path: str) -> tuple[FileList, int, int]:
 
 # ------------------------------------------------------------------------------------------
 # the directory of one receiver
+
 
 def receiver_dir_name(receiver: str, vgroup: int) -> str:
     """`<receiver>_vg<N>`, the receiver as the operator named it (--to, e.g. `10.0.0.1:6101`)
@@ -290,11 +295,13 @@ class SenderDir:
             try:
                 base = FileList.read(last)
             except StateError as exc:
-                raise StateError(f"{exc}; remove {self.path} to ship everything again (the"
-                                 " receiver keeps what it has and is reconciled by listing)") from None
+                raise StateError(
+                    f"{exc}; remove {self.path} to ship everything again (the"
+                    " receiver keeps what it has and is reconciled by listing)"
+                ) from None
             folded, loaded, removed = fold_log(base, log)
-            write_atomic(cur, folded.to_bytes(), self.fsync)     # 5
-            os.replace(cur, last)                                 # 6-7, atomically
+            write_atomic(cur, folded.to_bytes(), self.fsync)  # 5
+            os.replace(cur, last)  # 6-7, atomically
             if self.fsync:
                 fsync_dir(self.path)
             done.append(f"folded sync.log: {loaded} loaded, {removed} removed")
@@ -347,6 +354,7 @@ class SenderDir:
 # ------------------------------------------------------------------------------------------
 # the sender's UUID
 
+
 def load_uuid(data: str, *, given: str | None = None, fsync: bool = True) -> tuple[str, str | None]:
     """The sender's UUID (32 lowercase hex) and a note of what was repaired, if anything.
 
@@ -381,8 +389,10 @@ def load_uuid(data: str, *, given: str | None = None, fsync: bool = True) -> tup
         if isinstance(u, str) and UUID_RE.fullmatch(u):
             copies.add(u)
     if len(copies) > 1:
-        raise StateError(f"{path} is missing and the receiver directories under {root} name"
-                         f" different UUIDs ({', '.join(sorted(copies))}): pass the right one with --uuid")
+        raise StateError(
+            f"{path} is missing and the receiver directories under {root} name"
+            f" different UUIDs ({', '.join(sorted(copies))}): pass the right one with --uuid"
+        )
     if copies:
         text = copies.pop()
         write_atomic(path, (text + "\n").encode(), fsync)

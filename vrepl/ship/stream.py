@@ -8,6 +8,7 @@ and runs the HELLO / CHALLENGE / AUTH / WELCOME exchange of kind SHIP with the s
 secret.
 Must not: interpret messages. Every failure of the connection is a PeerGone, one line.
 """
+
 from __future__ import annotations
 
 import socket
@@ -23,8 +24,8 @@ from vrepl.transport import codec
 from vrepl.transport.handshake import ClientHandshake, HandshakeError
 from vrepl.untrusted import printable
 
-SEND_SLICE_BYTES = 1 << 20   # a DATA body goes out in os.sendfile calls of at most this
-SHIP_ANY_NODE = -1          # a sender names no node: it accepts the node that answers
+SEND_SLICE_BYTES = 1 << 20  # a DATA body goes out in os.sendfile calls of at most this
+SHIP_ANY_NODE = -1  # a sender names no node: it accepts the node that answers
 
 
 class ShipStream:
@@ -76,8 +77,9 @@ class ShipStream:
             except PeerError as exc:
                 raise PeerGone(str(exc)) from None
 
-    def send_file(self, head: P.ShipMessage, fd: int, offset: int, count: int,
-                  on_progress: Callable[[int], None] | None = None) -> None:
+    def send_file(
+        self, head: P.ShipMessage, fd: int, offset: int, count: int, on_progress: Callable[[int], None] | None = None
+    ) -> None:
         """A DATA frame and its raw bytes (os.sendfile), never interleaved with another send."""
         frame = P.encode(head)
         with self._send_lock:
@@ -108,9 +110,17 @@ class ShipStream:
         self.raw.close()
 
 
-def connect(host: str, port: int, *, secret: bytes, sender_id: int, vgroup: int,
-            timeout_s: float = 5.0, io_timeout_s: float = 30.0,
-            source_address: tuple[str, int] | None = None) -> ShipStream:
+def connect(
+    host: str,
+    port: int,
+    *,
+    secret: bytes,
+    sender_id: int,
+    vgroup: int,
+    timeout_s: float = 5.0,
+    io_timeout_s: float = 30.0,
+    source_address: tuple[str, int] | None = None,
+) -> ShipStream:
     """Open a ship connection to a node's replication port and authenticate with the
     sender's secret (HELLO kind SHIP, node = the sender id, vgroup = the receiving vgroup)."""
     try:
@@ -127,24 +137,30 @@ def connect(host: str, port: int, *, secret: bytes, sender_id: int, vgroup: int,
             try:
                 out = hs.on_message(codec.decode(rec))
             except (FrameError, HandshakeError) as exc:
-                raise PeerGone(f"{host}:{port}: handshake failed: {exc}: the receiver's [[ship.senders]]"
-                               f" entry for sender id {sender_id} has another secret", retry=False) from None
+                raise PeerGone(
+                    f"{host}:{port}: handshake failed: {exc}: the receiver's [[ship.senders]]"
+                    f" entry for sender id {sender_id} has another secret",
+                    retry=False,
+                ) from None
             if out:
                 raw.send_bytes(out)
     except (PeerError, PeerGone) as exc:
         stream.close()
         if raw._buf.startswith(b"HTTP/"):
-            raise PeerGone(f"{host}:{port} answered in HTTP: that is a node's client API port; ship to the"
-                           " node's replication port (its `replication` address in node.toml)",
-                           retry=False) from None
+            raise PeerGone(
+                f"{host}:{port} answered in HTTP: that is a node's client API port; ship to the"
+                " node's replication port (its `replication` address in node.toml)",
+                retry=False,
+            ) from None
         if "closed by the other side" in str(exc):
-            raise PeerGone(f"{host}:{port} refused the ship connection (unknown sender id, wrong secret,"
-                           " or a vgroup this sender may not ship into: see the receiver's log)",
-                           retry=False) from None
+            raise PeerGone(
+                f"{host}:{port} refused the ship connection (unknown sender id, wrong secret,"
+                " or a vgroup this sender may not ship into: see the receiver's log)",
+                retry=False,
+            ) from None
         if isinstance(exc, PeerGone):
             raise
         raise PeerGone(str(exc)) from None
     stream.set_timeout(io_timeout_s)
     stream.server_node = hs.server_node  # type: ignore[attr-defined]
     return stream
-

@@ -28,6 +28,7 @@ EPILOG = """examples:
   vrepl validate /data/n1/vnode2 /data/n2/vnode2 /data/n3/vnode2
   vrepl validate --vgroup 2=/a/n1/v2,/a/n2/v2,/a/n3/v2 --vgroup 3=/a/n1/v3,/a/n2/v3 \\
       --master spark://127.0.0.1:7077 --out /tmp/report
+  vrepl validate --ship /edge/data/vg1 /centre/n1/data/vg1
 """
 
 
@@ -38,6 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vgroup", action="append", default=[], metavar="ID=DIR[,DIR...]",
                    help="a vgroup and its replicas' data directories; repeat per vgroup."
                         " Replica 1 (the first) breaks ties")
+    p.add_argument("--ship", nargs=2, default=None, metavar=("SENDER_DIR", "RECEIVER_DIR"),
+                   help="instead of replicas: prove that the receiving vgroup's directory holds"
+                        " exactly the rows the `vrepl ship` sender (its --data directory) shipped,"
+                        " per table and bucket (docs/ship.md §11)")
+    p.add_argument("--ship-state", default=None, metavar="NAME",
+                   help="with --ship: the sender's receiver state directory (<data>/ship/NAME)"
+                        " when it ships to several receivers")
     p.add_argument("--master", default=None,
                    help="Spark master (default: Spark's own, local[*]; under spark-submit,"
                         " spark-submit's)")
@@ -106,29 +114,56 @@ def _conf(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
+def _ship_report(args: argparse.Namespace) -> Any:
+    """`vrepl validate --ship SENDER_DIR RECEIVER_DIR` (docs/ship.md §11): the ShipReport."""
+    from vrepl.spark.shipcheck import validate_ship
+    if args.replicas or args.vgroup:
+        raise InputError("--ship compares a sender with a receiver: give no replica directories")
+    if args.examples < 0:
+        raise InputError("--examples must be >= 0")
+    log_path = None
+    if args.out:
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise InputError(f"--out {args.out}: exists and is not a directory")
+        os.makedirs(args.out, exist_ok=True)
+        log_path = os.path.join(args.out, "spark.log")
+    report = validate_ship(args.ship[0], args.ship[1], state=args.ship_state, master=args.master,
+                           examples=args.examples, spark_conf=_conf(args),
+                           log_level=args.log_level, log_path=log_path)
+    if args.out:
+        import json
+        with open(os.path.join(args.out, "ship_report.json"), "w", encoding="utf-8") as fh:
+            json.dump(report.to_json(), fh, indent=1)
+    return report
+
+
+def _report(args: argparse.Namespace) -> Any:
+    """The replicas' validation: the Report, written to --out."""
+    groups = _groups(args)
+    conf = _conf(args)
+    for name in ("bucket_ms", "max_record_bytes"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be positive")
+    if args.examples < 0 or args.max_diff_rows < 0:
+        raise InputError("--examples and --max-diff-rows must be >= 0")
+    out = args.out or time.strftime("vrepl-validate-%Y%m%d-%H%M%S")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise InputError(f"--out {out}: exists and is not a directory")
+    os.makedirs(out, exist_ok=True)
+    report = validate(groups, master=args.master, bucket_ms=args.bucket_ms,
+                      examples=args.examples, max_diff_rows=args.max_diff_rows,
+                      max_record_bytes=args.max_record_bytes, spark_conf=conf,
+                      log_level=args.log_level, log_path=os.path.join(out, "spark.log"))
+    report.write(out)
+    return report
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the validation from parsed arguments; returns the exit code."""
+    """Run the validation from parsed arguments (`--ship`: a sender against its receiver);
+    returns the exit code: 0 agree, 1 differences, 2 usage or input error, 3 interrupted."""
     try:
-        groups = _groups(args)
-        conf = _conf(args)
-        for name in ("bucket_ms", "max_record_bytes"):
-            if getattr(args, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be positive")
-        if args.examples < 0 or args.max_diff_rows < 0:
-            raise InputError("--examples and --max-diff-rows must be >= 0")
-        out = args.out or time.strftime("vrepl-validate-%Y%m%d-%H%M%S")
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise InputError(f"--out {out}: exists and is not a directory")
-        os.makedirs(out, exist_ok=True)
-        report = validate(groups, master=args.master, bucket_ms=args.bucket_ms,
-                          examples=args.examples, max_diff_rows=args.max_diff_rows,
-                          max_record_bytes=args.max_record_bytes, spark_conf=conf,
-                          log_level=args.log_level, log_path=os.path.join(out, "spark.log"))
-        report.write(out)
-    except InputError as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    except SparkJobError as exc:
+        report = _ship_report(args) if getattr(args, "ship", None) else _report(args)
+    except (InputError, SparkJobError) as exc:
         _err(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:

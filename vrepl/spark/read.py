@@ -60,14 +60,23 @@ def read_vgroup(spark: Any, path: str, tables: Sequence[str] | None = None, *,
     supersedes a file meanwhile makes the read fail; read a stopped node's copy, a restored
     copy, or retry. InputError when there is no manifest; an empty DataFrame (with the
     columns above) when it names no file."""
+    m = load_manifest(path)
+    wanted = None if tables is None else set(tables)
+    return read_files(spark, path, m, [f for f in m.files if wanted is None or f.table in wanted],
+                      resolve=resolve)
+
+
+def read_files(spark: Any, path: str, m: Manifest, files: Sequence[Any], *, resolve: bool = True,
+               columns: dict[str, str] | None = None) -> Any:
+    """read_vgroup's rows of the manifest entries `files` of `m` (the manifest of the data
+    path `path`) only: the same columns and rank rule, over those files alone. `columns`:
+    the value columns (name -> type) of the result, instead of the union of the tables'."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    m = load_manifest(path)
-    wanted = None if tables is None else set(tables)
-    files = [f for f in m.files if wanted is None or f.table in wanted]
-    canon = canonical_columns([m.schemas.get(t, {}) for t in sorted({f.table for f in files})])
+    canon = columns if columns is not None else \
+        canonical_columns([m.schemas.get(t, {}) for t in sorted({f.table for f in files})])
     base = [T.StructField("table", T.StringType()), T.StructField("ts", T.TimestampType()),
             T.StructField("_version", T.LongType()), T.StructField("_epoch", T.LongType())]
     out_schema = T.StructType(base + [T.StructField(c, _spark_type(T, t)) for c, t in canon.items()]

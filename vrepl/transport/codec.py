@@ -200,46 +200,45 @@ def _unpack_view(buf: bytes, offset: int, what: str) -> PeerView:
 def encode(msg: WireMessage, block: bytes | None = None) -> bytes:
     """The frame for `msg`. For a ForwardBatch whose records were already encoded as WAL
     records (the WAL block of the same batch), pass them as `block` to skip re-encoding."""
-    t = type(msg)
-    if t is ForwardBatch:
+    if type(msg) is ForwardBatch:
         if block is None:
             block = msg.block or encode_records(msg.first_version, msg.record_epochs, msg.payloads)
         return _wire.encode_forward_frame(MsgType.FORWARD_BATCH, msg.first_version, msg.epoch, msg.prev_epoch, block)
-    if t is Forward:
+    if type(msg) is Forward:
         rec = _rec.encode_record(DATA_MSG_TYPE, msg.version, msg.record_epoch, msg.payload)
         return _wire.encode_forward_frame(MsgType.FORWARD, msg.version, msg.epoch, msg.prev_epoch, rec)
-    if t is ForwardAck:
+    if type(msg) is ForwardAck:
         return _frame(MsgType.FORWARD_ACK, msg.acked_version, msg.epoch, _U8.pack(msg.status))
-    if t is Heartbeat:
+    if type(msg) is Heartbeat:
         return _frame(MsgType.HEARTBEAT, 0, 0, _pack_view(msg.view))
-    if t is Status:
+    if type(msg) is Status:
         if len(msg.views) > MAX_STATUS_VIEWS:
             raise ValueError(f"status with {len(msg.views)} views (max {MAX_STATUS_VIEWS})")
         payload = _STATUS_HEAD.pack(msg.sender, len(msg.views)) + b"".join(_pack_view(v) for v in msg.views)
         return _frame(MsgType.STATUS, 0, 0, payload)
-    if t is SyncRequest:
+    if type(msg) is SyncRequest:
         return _frame(MsgType.SYNC_REQUEST, msg.last_version, msg.epoch, _U64.pack(msg.last_epoch))
-    if t is TruncateRequest:
+    if type(msg) is TruncateRequest:
         return _frame(MsgType.TRUNCATE_REQUEST, msg.keep_version, msg.epoch, _U64.pack(msg.keep_epoch))
-    if t is SyncStart:
+    if type(msg) is SyncStart:
         return _frame(MsgType.SYNC_START, msg.first_version, msg.epoch, _U64.pack(msg.last_version))
-    if t is Commit:
+    if type(msg) is Commit:
         return _frame(MsgType.COMMIT, msg.version, msg.epoch)
-    if t is ArbitratorRequest:
+    if type(msg) is ArbitratorRequest:
         return _frame(MsgType.ARBITRATOR_REQUEST, 0, msg.epoch, _ARB_REQ.pack(msg.vgroup_id, msg.node, msg.lease_ms))
-    if t is ArbitratorGrant:
+    if type(msg) is ArbitratorGrant:
         payload = _ARB_GRANT.pack(msg.vgroup_id, msg.node, msg.lease_ms, 1 if msg.granted else 0)
         return _frame(MsgType.ARBITRATOR_GRANT, 0, msg.epoch, payload)
-    if t is Hello:
+    if type(msg) is Hello:
         payload = _HELLO.pack(msg.protocol, msg.kind, msg.vgroup_id, msg.node, msg.target_node, msg.nonce)
         return _frame(MsgType.HELLO, 0, 0, payload)
-    if t is Challenge:
+    if type(msg) is Challenge:
         return _frame(MsgType.CHALLENGE, 0, 0, _CHALLENGE.pack(msg.node, msg.nonce, msg.proof))
-    if t is Auth:
+    if type(msg) is Auth:
         return _frame(MsgType.AUTH, 0, 0, _AUTH.pack(msg.proof))
-    if t is Welcome:
+    if type(msg) is Welcome:
         return _frame(MsgType.WELCOME, 0, 0)
-    raise TypeError(f"no wire encoding for {t.__name__}")
+    raise TypeError(f"no wire encoding for {type(msg).__name__}")
 
 
 def encode_records(first_version: int, epochs: tuple[int, ...], payloads: tuple[bytes, ...]) -> bytes:

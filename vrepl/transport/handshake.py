@@ -31,10 +31,9 @@ import struct
 from typing import Callable
 
 from vrepl._core.framebuf import FrameBuffer
-from vrepl.errors import FrameError, HandshakeError
+from vrepl.errors import FrameError, HandshakeError, InvariantViolation
 from vrepl.transport import codec
 from vrepl.transport.codec import Auth, Challenge, ConnKind, Hello, Welcome
-from vrepl.replica.invariant import invariant
 
 HANDSHAKE_MAX_FRAME_BYTES = 256  # the largest handshake frame payload a server accepts
 DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
@@ -134,7 +133,8 @@ class ServerHandshake:
             proof = make_proof(self.secret, "server", msg, self.node, self.nonce)
             return codec.encode(Challenge(self.node, self.nonce, proof))
         if self._state == "wait_auth" and type(msg) is Auth:
-            invariant(self.hello is not None, "self.hello is not None")
+            if self.hello is None:
+                raise InvariantViolation("self.hello is not None")
             expected = make_proof(self.secret, "client", self.hello, self.node, self.nonce)
             if not hmac.compare_digest(expected, msg.proof):
                 raise HandshakeError(
@@ -250,7 +250,8 @@ async def server_handshake(
             if out:
                 stream.send_frame(out)
                 await stream.drain()
-        invariant(hs.hello is not None, "hs.hello is not None")
+        if hs.hello is None:
+            raise InvariantViolation("hs.hello is not None")
         return hs.hello
 
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 from vrepl.errors import VreplError
 
@@ -101,11 +101,11 @@ class IoLoop:
         except concurrent.futures.TimeoutError:
             raise VreplError(f"the I/O thread did not answer within {timeout_s} s") from None
 
-    def run(self, coro: Awaitable[T], timeout_s: float = 30.0) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
         """Run a coroutine on the loop and wait for it (not callable from the loop thread)."""
         if self.in_loop():
             raise VreplError("IoLoop.run() would deadlock on the I/O thread; use call() or a task")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout_s)
         except concurrent.futures.TimeoutError:

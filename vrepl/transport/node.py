@@ -24,11 +24,11 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from vrepl._core.framebuf import FrameBuffer
 from vrepl.config import SyncConfig
-from vrepl.errors import ConfigError, FrameError, ListenError
+from vrepl.errors import ConfigError, FrameError, InvariantViolation, ListenError
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.handshake import (
@@ -37,7 +37,6 @@ from vrepl.transport.handshake import (
     HandshakeError,
     ServerHandshake,
 )
-from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.transport")
 
@@ -130,14 +129,20 @@ class Connection(asyncio.BufferedProtocol):
         self._view_bytes = 0  # the size of the last get_buffer() view
         if owner is not None:
             self.frames = FrameBuffer(owner.cfg.max_frame_bytes, READ_MIN_BYTES)
+            # a client connection other than the arbitrator's always names its peer node
             target = codec.ARBITRATOR_NODE_ID if kind == ConnKind.ARBITRATOR else peer_node
             self.hs: ClientHandshake | ServerHandshake = ClientHandshake(
-                owner.cfg.secret, kind, owner.cfg.vgroup_id, owner.node, target  # type: ignore[arg-type]
+                owner.cfg.secret,
+                kind,
+                owner.cfg.vgroup_id,
+                owner.node,
+                target,  # type: ignore[arg-type]
             )
         else:
             self.frames = FrameBuffer(HANDSHAKE_MAX_FRAME_BYTES, READ_MIN_BYTES)
-            self.hs = ServerHandshake(node_transport.secret, node_transport.node, self._check_hello,
-                                      secret_for=node_transport.secret_for)
+            self.hs = ServerHandshake(
+                node_transport.secret, node_transport.node, self._check_hello, secret_for=node_transport.secret_for
+            )
 
     # -- naming --------------------------------------------------------------------------------
 
@@ -150,14 +155,19 @@ class Connection(asyncio.BufferedProtocol):
         return f"{vg} n{self.nt.node} e-"
 
     def describe(self) -> str:
-        who = "arbitrator" if self.kind == ConnKind.ARBITRATOR else f"n{self.peer_node if self.peer_node is not None else '?'}"
+        who = (
+            "arbitrator"
+            if self.kind == ConnKind.ARBITRATOR
+            else f"n{self.peer_node if self.peer_node is not None else '?'}"
+        )
         side = "to" if self.is_client else "from"
         return f"connection {side} {who} ({self.peername})"
 
     # -- asyncio protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream connection (loop.create_connection / create_server) gets a Transport.
+        tr = self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -171,17 +181,21 @@ class Connection(asyncio.BufferedProtocol):
             high = cfg.send_queue_high_bytes
         else:
             high = 1024 * 1024
-        self.transport.set_write_buffer_limits(high=high, low=high // 4)
+        tr.set_write_buffer_limits(high=high, low=high // 4)
         timeout_s = (self.owner.cfg.handshake_timeout_ms if self.owner else self.nt.handshake_timeout_ms) / 1000
         self._timer = self.loop.call_later(timeout_s, self._handshake_timeout, timeout_s)
         if self.is_client:
-            invariant(isinstance(self.hs, ClientHandshake), "isinstance(self.hs, ClientHandshake)")
+            if not isinstance(self.hs, ClientHandshake):
+                raise InvariantViolation("isinstance(self.hs, ClientHandshake)")
             self._write_now(self.hs.start())
         else:
             self.nt.pending_handshakes.add(self)
             if len(self.nt.pending_handshakes) > MAX_PENDING_HANDSHAKES:
-                self.abort(f"more than {MAX_PENDING_HANDSHAKES} connections in handshake", logging.WARNING,
-                           refusal="too_many_handshakes")
+                self.abort(
+                    f"more than {MAX_PENDING_HANDSHAKES} connections in handshake",
+                    logging.WARNING,
+                    refusal="too_many_handshakes",
+                )
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # recv_into the frame buffer's free space: no intermediate bytes object per read.
@@ -192,9 +206,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.frames.wrote(nbytes)
-        if nbytes >= self._view_bytes and self._read_hint < READ_CHUNK_BYTES and (
-                self.authenticated or self.is_client):
-            self._read_hint = min(self._read_hint * 4, READ_CHUNK_BYTES)   # more is waiting
+        if nbytes >= self._view_bytes and self._read_hint < READ_CHUNK_BYTES and (self.authenticated or self.is_client):
+            self._read_hint = min(self._read_hint * 4, READ_CHUNK_BYTES)  # more is waiting
         self.bytes_received += nbytes
         if self.closed:
             return
@@ -257,7 +270,12 @@ class Connection(asyncio.BufferedProtocol):
             rec = self.frames.next_frame()
             if rec is None:
                 return
-            if rec.msg_type not in (codec.MsgType.HELLO, codec.MsgType.CHALLENGE, codec.MsgType.AUTH, codec.MsgType.WELCOME):
+            if rec.msg_type not in (
+                codec.MsgType.HELLO,
+                codec.MsgType.CHALLENGE,
+                codec.MsgType.AUTH,
+                codec.MsgType.WELCOME,
+            ):
                 raise HandshakeError(f"message type {rec.msg_type} before the handshake finished")
             msg = codec.decode(rec)
             out = self.hs.on_message(msg)
@@ -272,8 +290,9 @@ class Connection(asyncio.BufferedProtocol):
             self._timer = None
         if not self.is_client:
             self.nt.pending_handshakes.discard(self)
-            hello = self.hs.hello  # type: ignore[union-attr]
-            invariant(hello is not None, "hello is not None")
+            hello = self.hs.hello
+            if hello is None:
+                raise InvariantViolation("hello is not None")
             if hello.kind == ConnKind.SHIP:
                 # A ship sender (docs/ship.md): its session runs on the node's ship service.
                 if self.frames.buffered:
@@ -292,9 +311,13 @@ class Connection(asyncio.BufferedProtocol):
                 self._detach_when_flushed(inst, hello, 0)
                 return
             self.frames = FrameBuffer(inst.cfg.max_frame_bytes, READ_MIN_BYTES)
-            self.transport.set_write_buffer_limits(high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4)  # type: ignore[union-attr]
+            # connection_made set the transport before any frame (so the handshake) came in
+            self.transport.set_write_buffer_limits(  # type: ignore[union-attr]
+                high=inst.cfg.send_queue_high_bytes, low=inst.cfg.send_queue_high_bytes // 4
+            )
         self.authenticated = True
-        invariant(self.owner is not None, "self.owner is not None")
+        if self.owner is None:
+            raise InvariantViolation("self.owner is not None")
         self.owner.on_connection_ready(self)
 
     def _detach_when_flushed(self, inst: ConnectionOwner | None, hello: codec.Hello, tries: int) -> None:
@@ -327,7 +350,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_frames(self) -> None:
         inst = self.owner
-        invariant(inst is not None, "inst is not None")
+        if inst is None:
+            raise InvariantViolation("inst is not None")
         max_record = inst.cfg.max_record_bytes
         msgs = []
         frames = self.frames
@@ -371,7 +395,9 @@ class Connection(asyncio.BufferedProtocol):
         limit = self.owner.cfg.max_send_queue_bytes if self.owner else 1 << 24
         queued = self.transport.get_write_buffer_size()
         if queued > limit:
-            self.abort(f"send queue holds {queued} bytes, above max_send_queue_bytes {limit}: peer too slow", logging.WARNING)
+            self.abort(
+                f"send queue holds {queued} bytes, above max_send_queue_bytes {limit}: peer too slow", logging.WARNING
+            )
 
     async def writable(self) -> None:
         """Wait until the send queue is below its low-water mark (or the connection closed)."""
@@ -442,7 +468,9 @@ class NodeTransport:
         if nt.node != me.node:
             raise ConfigError(f"{me.host}:{me.port} is node {nt.node}, vg{owner.cfg.vgroup_id} says node {me.node}")
         if nt.secret != owner.cfg.secret:
-            raise ConfigError(f"vg{owner.cfg.vgroup_id}: the cluster secret differs from the other vgroups on {me.host}:{me.port}")
+            raise ConfigError(
+                f"vg{owner.cfg.vgroup_id}: the cluster secret differs from the other vgroups on {me.host}:{me.port}"
+            )
         if owner.cfg.vgroup_id in nt.owners:
             raise ConfigError(f"vg{owner.cfg.vgroup_id} already runs on {me.host}:{me.port}")
         nt.owners[owner.cfg.vgroup_id] = owner

@@ -22,11 +22,11 @@ import time
 from typing import Any, Protocol
 
 from vrepl.config import ReplicaAddress, SyncConfig, parse_endpoint
+from vrepl.errors import InvariantViolation
 from vrepl.replica import ArbitratorConnected, ArbitratorLost, PeerConnected, PeerDisconnected
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
 from vrepl.transport.node import Connection, NodeTransport
-from vrepl.replica.invariant import invariant
 
 log = logging.getLogger("vrepl.sync")
 _monotonic = time.monotonic
@@ -79,7 +79,8 @@ class PeerLinks:
         self.last_heard: dict[int, float] = {}  # peer node -> monotonic time of its last frame
         self._tasks: set[asyncio.Task] = set()
         self.counters: dict[str, int] = dict.fromkeys(
-            ("connections_refused", "connections_opened", "connections_closed"), 0)
+            ("connections_refused", "connections_opened", "connections_closed"), 0
+        )
 
     # -- lifecycle (I/O thread) ------------------------------------------------------------------
 
@@ -118,7 +119,8 @@ class PeerLinks:
             self.nt.release(self)
 
     def _spawn(self, coro) -> None:
-        invariant(self.loop is not None, "self.loop is not None")
+        if self.loop is None:
+            raise InvariantViolation("self.loop is not None")
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -131,18 +133,31 @@ class PeerLinks:
 
     async def _connect_loop(self, node: int | None, host: str, port: int, kind: int) -> None:
         """Client side: connect, wait until the connection ends, retry every reconnect interval."""
-        invariant(self.loop is not None and self.nt is not None, "self.loop is not None and self.nt is not None")
+        if self.loop is None or self.nt is None:
+            raise InvariantViolation("self.loop is not None and self.nt is not None")
         pause_s = self.cfg.reconnect_interval_ms / 1000.0
         what = "arbitrator" if kind == ConnKind.ARBITRATOR else f"n{node}"
         failures = 0
         while self.running:
             conn = Connection(self.nt, owner=self, peer_node=node, kind=kind)
             try:
-                await asyncio.wait_for(self.loop.create_connection(lambda: conn, host, port), timeout=max(pause_s, 1.0))
+                # create_connection calls the factory before this iteration ends: `conn` is this one
+                await asyncio.wait_for(
+                    self.loop.create_connection(lambda: conn, host, port),  # noqa: B023
+                    timeout=max(pause_s, 1.0),
+                )
             except (OSError, asyncio.TimeoutError) as exc:
                 failures += 1
                 level = logging.INFO if failures == 1 else logging.DEBUG
-                log.log(level, "%s: cannot connect to %s at %s:%d: %s", self.log_prefix(), what, host, port, exc or "timeout")
+                log.log(
+                    level,
+                    "%s: cannot connect to %s at %s:%d: %s",
+                    self.log_prefix(),
+                    what,
+                    host,
+                    port,
+                    exc or "timeout",
+                )
                 await asyncio.sleep(pause_s)
                 continue
             failures = 0
@@ -239,7 +254,8 @@ class PeerLinks:
             ev.end_batch()
             return
         node = conn.peer_node
-        invariant(node is not None, "node is not None")
+        if node is None:
+            raise InvariantViolation("node is not None")
         old = self.conns.get(node)
         if old is not None and old is not conn:
             old.abort("replaced by a newer connection from the same peer")
@@ -273,8 +289,9 @@ class PeerLinks:
         if ev is None or not self.running:
             return
         if paused:
-            log.info("%s: %s send queue above %d bytes", self.log_prefix(), conn.describe(),
-                     self.cfg.send_queue_high_bytes)
+            log.info(
+                "%s: %s send queue above %d bytes", self.log_prefix(), conn.describe(), self.cfg.send_queue_high_bytes
+            )
             ev.update_flow()
         elif conn.peer_node is not None and self.conns.get(conn.peer_node) is conn:
             ev.link_writable(conn.peer_node)
@@ -305,7 +322,13 @@ class PeerLinks:
     # -- observability -----------------------------------------------------------------------------
 
     def link_stats(self) -> dict[int, dict[str, int]]:
-        return {node: {"bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received,
-                       "frames_sent": c.frames_sent, "frames_received": c.frames_received,
-                       "send_queue_bytes": c.transport.get_write_buffer_size() if c.transport else 0}
-                for node, c in self.conns.items()}
+        return {
+            node: {
+                "bytes_sent": c.bytes_sent,
+                "bytes_received": c.bytes_received,
+                "frames_sent": c.frames_sent,
+                "frames_received": c.frames_received,
+                "send_queue_bytes": c.transport.get_write_buffer_size() if c.transport else 0,
+            }
+            for node, c in self.conns.items()
+        }

@@ -21,6 +21,7 @@ owner hops back to its event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import struct
@@ -28,14 +29,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from vrepl import wal as _wal
 from vrepl._core import crc32c as _crc
-from vrepl.errors import VreplError, WalError
-from vrepl.replica.invariant import invariant
+from vrepl.errors import InvariantViolation, VreplError, WalError
 from vrepl.transport.walflush import WalFlusher
 
 log = logging.getLogger("vrepl.storage")
@@ -212,6 +212,7 @@ class WalStore:
             if wake:
                 self._scheduled = True
         if wake:
+            # wake implies a flusher: only close() clears it, after _closed stops new wakes
             self._flusher.schedule(self)  # type: ignore[union-attr]
 
     def append(self, first_version: int, last_version: int, block: bytes) -> None:
@@ -265,8 +266,9 @@ class WalStore:
         with self._cond:
             self._closed = True
             if not in_flusher:
-                self._cond.wait_for(lambda: self._failed or not (self._jobs or self._busy or self._scheduled),
-                                    timeout_s)
+                self._cond.wait_for(
+                    lambda: self._failed or not (self._jobs or self._busy or self._scheduled), timeout_s
+                )
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -313,6 +315,7 @@ class WalStore:
                 self._scheduled = True
             self._cond.notify_all()
         if wake:
+            # wake implies a flusher: only close() clears it, after _closed stops new wakes
             self._flusher.schedule(self)  # type: ignore[union-attr]
 
     def _do(self, jobs: list[tuple]) -> None:
@@ -325,7 +328,8 @@ class WalStore:
                     blocks.append(jobs[i][3])
                     i += 1
                 block = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-                invariant(self._writer is not None, "self._writer is not None")
+                if self._writer is None:
+                    raise InvariantViolation("self._writer is not None")
                 # One write and one fdatasync for everything queued (group commit).
                 observe = self._on_group_commit
                 began = time.perf_counter() if observe is not None else 0.0
@@ -337,7 +341,8 @@ class WalStore:
                 continue
             if job[0] == "truncate":
                 version = job[1]
-                invariant(self._writer is not None, "self._writer is not None")
+                if self._writer is None:
+                    raise InvariantViolation("self._writer is not None")
                 # Report durability of everything written before the cut first (the core
                 # expects every WalPersisted of earlier appends before TruncateDone).
                 self._writer.sync()
@@ -349,14 +354,16 @@ class WalStore:
             elif job[0] == "reset":
                 self._reset(job[1], job[2])
             elif job[0] == "recycle":
-                invariant(self._writer is not None, "self._writer is not None")
+                if self._writer is None:
+                    raise InvariantViolation("self._writer is not None")
                 removed = self._writer.recycle(job[1])
                 if removed:
                     log.info("wal %s: recycled %d files below v%d", self.wal_dir, len(removed), job[1])
             i += 1
 
     def _reset(self, base_version: int, base_epoch: int) -> None:
-        invariant(self._writer is not None, "self._writer is not None")
+        if self._writer is None:
+            raise InvariantViolation("self._writer is not None")
         self._writer.close()
         for name in os.listdir(self.wal_dir):
             if name.endswith(".wal") or name.endswith(".idx"):
@@ -369,8 +376,12 @@ class WalStore:
         w.durable_version = base_version
         self._writer = w
         self.durable_version = base_version
-        log.warning("wal %s: reset: the log continues after v%d (e%d) held by restored files",
-                    self.wal_dir, base_version, base_epoch)
+        log.warning(
+            "wal %s: reset: the log continues after v%d (e%d) held by restored files",
+            self.wal_dir,
+            base_version,
+            base_epoch,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,14 +397,29 @@ class LoopStorage:
     stops the instance; `run_in_executor(fn, *args)` runs a blocking read off the loop.
     """
 
-    def __init__(self, data_path: str, *, post: Callable[..., None], fail: Callable[[str], None],
-                 run_in_executor: Callable[..., object], inline_sync_max_bytes: int = 0, **store_options) -> None:
-        self.store = WalStore(data_path, on_durable=self.on_durable, on_truncated=self.on_truncated,
-                              on_error=self.on_error, **store_options)
+    def __init__(
+        self,
+        data_path: str,
+        *,
+        post: Callable[..., None],
+        fail: Callable[[str], None],
+        run_in_executor: Callable[..., asyncio.Future[Any]],
+        inline_sync_max_bytes: int = 0,
+        **store_options,
+    ) -> None:
+        self.store = WalStore(
+            data_path,
+            on_durable=self.on_durable,
+            on_truncated=self.on_truncated,
+            on_error=self.on_error,
+            **store_options,
+        )
         self.post = post
         self.fail = fail
         self.run_in_executor = run_in_executor
         self.inline_sync_max_bytes = inline_sync_max_bytes
+        # the Driver (wal_durable, wal_truncated, wal_block, wal_read_failed): the type stays
+        # `object` (transport must not import the driver), hence the attr-defined ignores below
         self.target: object = None
         self._readers: dict[int, list] = {}  # reader -> [next version, iterator of WalBlocks]
 
@@ -431,7 +457,7 @@ class LoopStorage:
             blocks = _wal.WalReader(self.store.wal_dir, self.store.options.max_record_bytes).iter_blocks(from_version)
             state = self._readers[reader] = [from_version, blocks]
         fut = self.run_in_executor(next, state[1], None)
-        fut.add_done_callback(lambda f: self._read_done(reader, state, f))  # type: ignore[attr-defined]
+        fut.add_done_callback(lambda f: self._read_done(reader, state, f))
 
     def _read_done(self, reader: int, state: list, fut) -> None:
         if fut.cancelled() or self._readers.get(reader) is not state:

@@ -52,7 +52,7 @@ class WalFlusher:
         self._ready: deque[FlushableStore] = deque()
         self._cond = threading.Condition()
         self._stopping = False
-        self.rounds = 0          # rounds run (each: one wake-up, every ready store)
+        self.rounds = 0  # rounds run (each: one wake-up, every ready store)
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.thread.start()
 
@@ -123,7 +123,7 @@ class WalFlusher:
             for loop, callbacks in posted.items():
                 try:
                     loop.call_soon_threadsafe(_run_all, loop, callbacks)
-                except RuntimeError:    # that loop closed (its instances are stopping)
+                except RuntimeError:  # that loop closed (its instances are stopping)
                     pass
 
 
@@ -147,5 +147,4 @@ def _run_all(loop: asyncio.AbstractEventLoop, callbacks: list[Callable[[], Any]]
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            loop.call_exception_handler({"message": "Exception in a WAL completion callback",
-                                         "exception": exc})
+            loop.call_exception_handler({"message": "Exception in a WAL completion callback", "exception": exc})

@@ -257,6 +257,8 @@ def _remove(doc: Any) -> IngestRemove:
 
 def counts_invalid(adds: int, removes: int) -> str | None:
     """Why a round of `adds` files and `removes` removals cannot be one record, or None."""
+    if not removes and not 1 <= adds <= MAX_ROUND_FILES:
+        return f"a round names 1..{MAX_ROUND_FILES} files, got {adds}"
     if not 0 <= adds <= MAX_ROUND_FILES or not 0 <= removes <= MAX_ROUND_FILES \
             or adds + removes == 0:
         return (f"a round names 0..{MAX_ROUND_FILES} files to add and 0..{MAX_ROUND_FILES}"
