@@ -101,7 +101,12 @@ def cmd_wal_verify(args: argparse.Namespace) -> int:
 def cmd_wal_repair(args: argparse.Namespace) -> int:
     from vrepl import wal
 
-    tail = wal.repair(_require_dir(args.dir), args.max_record_bytes)
+    directory = _require_dir(args.dir)
+    # Every byte first: corruption anywhere (a sealed file too, which repair()'s quick
+    # inspection takes from its index) is raised, exit 1, and nothing is cut
+    # (docs/wal-format.md: repair refuses to touch it, never skips it silently).
+    wal.verify(directory, args.max_record_bytes)
+    tail = wal.repair(directory, args.max_record_bytes)
     if tail is None:
         print(f"{args.dir}: nothing to repair (no torn tail)")
     else:
@@ -330,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="one JSON object per line")
     d.set_defaults(func=cmd_wal_dump)
 
-    v = wsub.add_parser("verify", help="check every record; exit 0 clean, 1 corrupt")
+    v = wsub.add_parser("verify", help="check every record; exit 0 clean, 1 corrupt or torn, 2 no WAL file")
     common(v)
     v.set_defaults(func=cmd_wal_verify)
 

@@ -97,6 +97,29 @@ def test_verify_corrupt_sealed_file_names_file_and_offset(wal_dir):
     assert proc.returncode == 1 and "corrupt" in proc.stderr
 
 
+def test_repair_refuses_payload_corruption_in_an_indexed_sealed_file(tmp_path):
+    # A sealed file with a good index: repair's quick inspection trusts the index, so
+    # `vrepl wal repair` verifies every byte first (docs/wal-format.md: repair refuses
+    # corruption, never skips it silently).
+    wal_dir = tmp_path / "wal"
+    w = wal.WalWriter(str(wal_dir), wal.WalOptions(max_file_bytes=512, group_commit_ms=0))
+    for i in range(1, 41):
+        w.append(f"row-{i}".encode(), epoch=1)
+    w.close()
+    files = sorted(wal_dir.glob("*.wal"))
+    assert len(files) >= 3
+    middle = files[1]
+    assert middle.with_suffix(".idx").exists()
+    data = bytearray(middle.read_bytes())
+    data[-2] ^= 0x01  # the payload of the file's last record
+    middle.write_bytes(bytes(data))
+    sizes = {f.name: f.stat().st_size for f in files}
+    proc = run("wal", "repair", str(wal_dir))
+    assert proc.returncode == 1, proc.stdout
+    assert middle.name in proc.stderr and "corrupt" in proc.stderr
+    assert {f.name: f.stat().st_size for f in files} == sizes
+
+
 def test_missing_directory_is_one_line_exit_2(tmp_path):
     proc = run("wal", "verify", str(tmp_path / "nope"))
     assert proc.returncode == 2

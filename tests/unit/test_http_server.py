@@ -324,3 +324,14 @@ def test_tls_context_refusals(tmp_path):
         with pytest.raises(ConfigError) as exc:
             server_ssl_context(cert, key)
         assert words in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_a_body_above_the_limit_is_413_not_written(served):
+    # docs/client-api.md §HTTP errors: 413 body_too_large, closed, and nothing written.
+    srv = served(max_body_bytes=100)
+    with connect(srv.addr) as s:
+        s.sendall(b"POST /v1/vgroups/1/write HTTP/1.1\r\nContent-Length: 101\r\n\r\n")
+        out = read_all(s)
+    assert status_of(out) == 413
+    assert body_of(out)["code"] == "body_too_large"
+    assert body_of(out)["outcome"] == "not_written"

@@ -373,7 +373,8 @@ class HttpProtocol(asyncio.Protocol):
             length = int(length_text)
             if length > srv.max_body_bytes:
                 self._reply_close(error(413, "body_too_large",
-                                        f"body of {length} bytes is above max_body_bytes {srv.max_body_bytes}"))
+                                        f"body of {length} bytes is above max_body_bytes {srv.max_body_bytes}",
+                                        outcome="not_written"))
                 return
             total = end + 4 + length
             if len(buf) < total:

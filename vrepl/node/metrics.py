@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 import vrepl
@@ -23,7 +23,10 @@ if TYPE_CHECKING:
     from vrepl.node.http import HttpServer
     from vrepl.node.vgroup import VgroupHost
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# The classic text format that generate_latest writes (every name here is a legacy name),
+# pinned rather than CONTENT_TYPE_LATEST, which says version=1.0.0 from prometheus_client
+# 0.22 on: the header must not change with the library's version (docs/client-api.md §Metrics).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ROLES = ("master", "slave", "syncing", "unsynced")
 CONFIRM_STATUSES = ("ok", "timed_out", "failed", "not_master")
 WRITE_RESULTS = ("ok", "bad", "not_master", "unknown", "overloaded", "duplicate", "needs_restore")

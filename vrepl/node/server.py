@@ -80,6 +80,15 @@ ROUTE_OTHER = "other"    # no such route (404)
 JSON_CONTENT_TYPES = ("", "application/json", "application/x-www-form-urlencoded", "text/plain")
 VGROUP_ROUTES = {"write": ROUTE_WRITE, "rows": ROUTE_ROWS, "tables": ROUTE_TABLES,
                  "ingest": ROUTE_INGEST}
+# The routes that write: every refusal of theirs says `"outcome": "not_written"`
+# (docs/client-api.md §Write, §Ingest), their 404 no_vgroup and 405 included.
+WRITING_ROUTES = ("write", "ingest")
+
+
+def _not_written(resp: Response) -> Response:
+    resp.body.setdefault("outcome", "not_written")
+    return resp
+
 
 # The cyclic GC's thresholds in a node process (docs/perf.md §gc). With CPython's default
 # (700, 10, 10) a collection runs every 700 container allocations, and the older generations
@@ -243,10 +252,11 @@ class Node:
             req.route = VGROUP_ROUTES[parts[3]]
             vg = self._vgroup(parts[2])
             if isinstance(vg, Response):
-                return vg
+                return _not_written(vg) if parts[3] in WRITING_ROUTES else vg
             if parts[3] == "write":
                 if req.method != "POST":
-                    return error(405, "bad_method", f"{req.method} {req.path}: use POST")
+                    return error(405, "bad_method", f"{req.method} {req.path}: use POST",
+                                 outcome="not_written")
                 rid = req.query.get("request_id") or req.headers.get("request-id")
                 ctype = req.headers.get("content-type", "").partition(";")[0].strip().lower()
                 if ctype in JSON_CONTENT_TYPES:
@@ -266,7 +276,8 @@ class Node:
                 return vg.tables()
             if parts[3] == "ingest":
                 if req.method != "POST":
-                    return error(405, "bad_method", f"{req.method} {req.path}: use POST")
+                    return error(405, "bad_method", f"{req.method} {req.path}: use POST",
+                                 outcome="not_written")
                 return vg.ingest_http(req.body)
         if 4 <= len(parts) <= 6 and parts[1] == "vgroups" and parts[3] == "txn":
             return self._txn(parts, req)
@@ -318,7 +329,7 @@ class Node:
             return refused
         vg = self._vgroup(vg_text)  # type: ignore[arg-type]
         if isinstance(vg, Response):
-            return influx.shaped(v1, vg)
+            return influx.shaped(v1, _not_written(vg))
         body, refused = influx.body_of(req, self.cfg.http.max_body_bytes)
         if refused is not None:
             return influx.shaped(v1, refused)

@@ -36,7 +36,7 @@ KNOWN_FIELDS = frozenset((
     "vgroup", "role", "epoch", "master", "master_http", "version", "wal_last_version",
     "wal_durable_version", "confirmed_version", "committed_version", "replicas", "peers",
     "arbitrator", "flow_control", "pending_writes", "vnode", "counters", "state",
-    "last_self_restore"))
+    "last_self_restore", "ingest", "txn"))
 STATE_STYLE = {"up": "green", "down": "red", "stalled": "yellow", "unreachable": "red", "error": "red"}
 ROLE_STYLE = {"master": "green", "slave": "cyan", "needs_restore": "red"}
 
