@@ -237,3 +237,20 @@ def test_a_new_module_must_be_placed():
     with pytest.raises(KeyError):
         layer_of("vrepl.somethingnew")
     assert LAYERS[layer_of("vrepl.restore.cli")][0] == "edge"
+
+
+# -- module size (issue 15: no module over 600 lines but generated or Cython ones) ----------
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_600_lines():
+    """A module that outgrows 600 lines does more than one job: split it by responsibility
+    (each part's docstring says what it owns). Cython (.pyx) and generated C are not counted."""
+    long = sorted(
+        (n, str(p.relative_to(ROOT)))
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    )
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
