@@ -788,17 +788,19 @@ def test_a_file_replaced_by_a_flush_during_the_transfer(tmp_path, edge):
         recv.close()
 
 
-MANY_FILES = int(os.environ.get("VREPL_SHIP_MANY_FILES", "100000"))
+# 20,000 in the suite (20 ingest records of 1,000, about a minute); VREPL_SHIP_MANY_FILES=100000
+# runs the issue's 100,000 (324 s here, docs/ship.md §12).
+MANY_FILES = int(os.environ.get("VREPL_SHIP_MANY_FILES", "20000"))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
-def test_100000_files_in_one_round(tmp_path):
-    """One round of 100,000 small archived files (100 tables x 1,000 buckets, one row each;
+def test_many_files_in_one_round(tmp_path):
+    """One round of MANY_FILES small archived files (100 tables x MANY_FILES/100 buckets, one row each;
     the edge's vnode directory is written by the real vnode, without a node process) into a
-    real receiving node by a real `vrepl ship`: every file loaded (100 ingest records of
-    1,000), the receiver's archive equals the edge's, and the next round is "nothing new".
-    VREPL_SHIP_MANY_FILES sets another count (the figure: docs/ship.md §12)."""
+    real receiving node by a real `vrepl ship`: every file loaded (ingest records of 1,000),
+    the receiver's archive equals the edge's, and the next round is "nothing new".
+    VREPL_SHIP_MANY_FILES sets the count (100,000: the issue's; figure in docs/ship.md §12)."""
     from vrepl.vnode import Vnode, VnodeConfig
     from vrepl.wal import WalOptions, WalWriter
 
