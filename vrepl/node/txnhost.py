@@ -299,7 +299,7 @@ class Txns:
         try:
             if len(payloads) == 1:
                 return await self._step(payloads[0], "begin", KP_BEGIN)
-            return await self._load(version, payloads, commit)
+            return await self._load(version, tuple(payloads), commit)
         finally:
             del self.begins[label]
             fut.set_result(None)
@@ -314,7 +314,7 @@ class Txns:
                 return r
         return await self._finish_step(str(t.id), "commit")
 
-    async def _load(self, version: int, payloads: list[bytes], commit: bool) -> Response:
+    async def _load(self, version: int, payloads: tuple[bytes, ...], commit: bool) -> Response:
         """Begin, batch 0 and (with `commit`) the publish, forwarded back to back in one
         forward_many (flow control takes all or none) and answered once the last is
         committed and applied. The log orders them: if the begin is not committed (a
