@@ -5,10 +5,12 @@
 
 Three `vrepl node` processes on 127.0.0.1 (vgroup 1, quorum 2), each step through the HTTP
 API with the Python client:
-1. small transactions one at a time (begin, one row of one table, commit): begin -> VISIBLE
-   p50/p99, and COMMITTED -> VISIBLE (the commit call alone) p99.
-2. throughput: --loaders threads each running small transactions for --seconds: committed
-   transactions per second for the vgroup.
+1. small transactions one at a time (begin, one row of one table, commit), in two forms:
+   three requests (begin, rows, commit: begin -> VISIBLE p50/p99, and COMMITTED -> VISIBLE,
+   the commit call alone) and one request (`client.load`: begin, rows and commit forwarded
+   back to back; begin -> VISIBLE is the one call).
+2. throughput: --loaders threads each running small transactions for --seconds, in both
+   forms: committed transactions per second for the vgroup.
 3. a paused slave (SIGSTOP): the commit latency p99 with one replica paused, against the
    healthy figure of (1).
 The issue's targets (issue 17): begin->VISIBLE p50 <= 3 ms, p99 <= 10 ms; COMMITTED->VISIBLE
@@ -50,17 +52,24 @@ def small(cl: Client, label: str, ts: int) -> tuple[float, float]:
     return (t2 - t0) * 1000, (t2 - t1) * 1000
 
 
-def run_small(c: LocalCluster, n: int, tag: str) -> tuple[list[float], list[float]]:
+def small_load(cl: Client, label: str, ts: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    cl.load(VG, label, [["bench", ts, {"x": 1.0}]])
+    ms = (time.perf_counter() - t0) * 1000
+    return ms, ms
+
+
+def run_small(c: LocalCluster, n: int, tag: str, one=small) -> tuple[list[float], list[float]]:
     total, commit = [], []
     with Client(c.endpoints) as cl:
         for i in range(n):
-            a, b = small(cl, f"{tag}-{i}", i + 1)
+            a, b = one(cl, f"{tag}-{i}", i + 1)
             total.append(a)
             commit.append(b)
     return total, commit
 
 
-def throughput(c: LocalCluster, loaders: int, seconds: float) -> float:
+def throughput(c: LocalCluster, loaders: int, seconds: float, one=small, tag: str = "tp") -> float:
     done = [0] * loaders
     stop = time.monotonic() + seconds
 
@@ -68,7 +77,7 @@ def throughput(c: LocalCluster, loaders: int, seconds: float) -> float:
         with Client(c.endpoints) as cl:
             i = 0
             while time.monotonic() < stop:
-                small(cl, f"tp-{k}-{i}", 10_000_000 + k * 1_000_000 + i)
+                one(cl, f"{tag}-{k}-{i}", 10_000_000 + k * 1_000_000 + i)
                 i += 1
             done[k] = i
     threads = [threading.Thread(target=loader, args=(k,)) for k in range(loaders)]
@@ -104,12 +113,19 @@ def main() -> int:
         print(f"reference: one plain write p50 {statistics.median(plain):.2f} ms"
               f" p99 {pct(plain, 0.99):.2f} ms (a transaction is 3 such round trips)")
         total, commit = run_small(c, args.small, "small")
-        print(f"small transactions ({args.small}, one at a time): begin->VISIBLE p50"
-              f" {statistics.median(total):.2f} ms p99 {pct(total, 0.99):.2f} ms;"
+        print(f"small transactions, 3 requests ({args.small}, one at a time): begin->VISIBLE"
+              f" p50 {statistics.median(total):.2f} ms p99 {pct(total, 0.99):.2f} ms;"
               f" COMMITTED->VISIBLE p50 {statistics.median(commit):.2f} ms"
               f" p99 {pct(commit, 0.99):.2f} ms")
+        one, _ = run_small(c, args.small, "load", small_load)
+        print(f"small transactions, 1 request ({args.small}, one at a time): begin->VISIBLE"
+              f" p50 {statistics.median(one):.2f} ms p99 {pct(one, 0.99):.2f} ms")
         rate = throughput(c, args.loaders, args.seconds)
-        print(f"throughput: {rate:.0f} small transactions/s with {args.loaders} loaders")
+        print(f"throughput, 3 requests: {rate:.0f} small transactions/s with {args.loaders}"
+              " loaders")
+        rate = throughput(c, args.loaders, args.seconds, small_load, "tpl")
+        print(f"throughput, 1 request: {rate:.0f} small transactions/s with {args.loaders}"
+              " loaders")
         m = c.master()
         slave = next(n for n in c.nodes if n != m)
         c.nodes[slave].proc.send_signal(signal.SIGSTOP)

@@ -558,6 +558,11 @@ class Client:
         aborts on an exception; a label already VISIBLE (a retried job) loads nothing."""
         return Transaction(self, vgroup, label, timeout_ms)
 
+    def load(self, vgroup: int, label: str, rows: Any, timeout_ms: int | None = None) -> dict:
+        """A whole small transaction in one request: begin, `rows` as batch 0, commit;
+        the commit's answer (VISIBLE, `visible_version`). Transaction.load() explains."""
+        return Transaction(self, vgroup, label, timeout_ms).load(rows)
+
     def transactions(self, vgroup: int, node: str | None = None, open_only: bool = False
                      ) -> dict:
         """GET /v1/vgroups/{vgroup}/txn from one replica (the master by default)."""

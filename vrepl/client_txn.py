@@ -66,6 +66,23 @@ class Transaction:
         self._take(doc)
         return doc
 
+    def load(self, rows: Iterable[Sequence[Any]] | bytes, commit: bool = True) -> dict:
+        """Begin, stage `rows` as batch 0 and (with `commit`) publish, in one request
+        (docs/client-api.md §Transactions): the master forwards the records back to back
+        and answers once the last is committed. Retried on an unknown outcome: the label
+        answers the original transaction, and an open one is completed, never doubled."""
+        body: dict[str, Any] = {"label": self.label, "commit": commit}
+        if self.timeout_ms is not None:
+            body["timeout_ms"] = self.timeout_ms
+        raw = rows if isinstance(rows, bytes) else json.dumps(
+            list(rows), separators=(",", ":"), allow_nan=False).encode()
+        head = json.dumps(body, separators=(",", ":")).encode()
+        doc = self._call("POST", "txn", head[:-1] + b',"rows":' + raw + b"}", retry_unknown=True)
+        self._take(doc)
+        self.next_seq = 1
+        self.already_done = doc["state"] == "VISIBLE"
+        return doc
+
     def precommit(self) -> dict:
         if self.already_done:
             return self.last

@@ -2,7 +2,8 @@
 real `vrepl node` processes on 127.0.0.1: every node is armed, so each master that reaches
 the step SIGKILLs itself there; the test restarts each victim once, without the kill point.
 A loader (the Python client's Transaction, which follows the master and repeats a step
-whose outcome is unknown) runs one transaction over two tables; if it gives up, it runs the
+whose outcome is unknown) runs one transaction over two tables, step by step or as one
+request (client.load: the records forwarded back to back); if it gives up, it runs the
 job again under the same label, as a retried job does. Meanwhile a reader polls every
 replica: a transaction is never partially visible. At the end every replica holds the
 transaction's rows exactly once, all at its publish version, every replica answers its
@@ -48,8 +49,10 @@ def counts(c: LocalCluster, n: int, again: bool = False) -> tuple[int, int] | No
         cl.close()
 
 
-def run_job(c: LocalCluster, step: str) -> dict:
+def run_job(c: LocalCluster, step: str, mode: str = "steps") -> dict:
     with Client(c.endpoints, timeout_s=20) as cl:
+        if mode == "load":          # one request: begin, both tables in batch 0, publish
+            return cl.load(VG, "kp-job", A + B)
         txn = cl.transaction(VG, "kp-job").begin()
         txn.put(A, seq=0)
         txn.put(B, seq=1)
@@ -60,8 +63,14 @@ def run_job(c: LocalCluster, step: str) -> dict:
         return txn.commit()
 
 
-@pytest.mark.parametrize("point", POINTS)
-def test_kill_at_every_transaction_step(tmp_path, monkeypatch, point):
+# The one-request load (docs/client-api.md §Transactions) passes the same points but the
+# pre-commit and abort ones.
+CASES = [(p, "steps") for p in POINTS] + [
+    (p, "load") for p in POINTS if not p.endswith(("precommit", "abort"))]
+
+
+@pytest.mark.parametrize("point,mode", CASES)
+def test_kill_at_every_transaction_step(tmp_path, monkeypatch, point, mode):
     assert len(POINTS) == 6
     c = LocalCluster(str(tmp_path / "c"), 3, vgroup=VG, http={"write_timeout_ms": 2000})
     try:
@@ -90,7 +99,7 @@ def test_kill_at_every_transaction_step(tmp_path, monkeypatch, point):
         def loader() -> None:
             for _attempt in range(4):       # a job that fails is run again, same label
                 try:
-                    answer["doc"] = run_job(c, point)
+                    answer["doc"] = run_job(c, point, mode)
                     return
                 except ClientError as exc:
                     answer.setdefault("errors", []).append(repr(exc))

@@ -315,3 +315,45 @@ def test_vrepl_txn_list_show_abort(cluster):
     assert out.returncode == 1 and "no_txn" in out.stderr
     out = vrepl("list", "--node", "127.0.0.1:1")
     assert out.returncode == 4 and out.stderr.startswith("vrepl: error:")
+
+
+def test_one_request_load_everywhere_at_one_version_and_retries_answer_the_original(cluster):
+    """POST .../txn with rows and "commit": true (client.load): begin, batch 0 and the
+    publish in one request, answered VISIBLE once the publish is committed; a retry with
+    the label answers the original; a refused load writes nothing; a load without commit
+    stays open and is completed by a later one (a retry after an unknown outcome)."""
+    c = cluster()
+    rows = [["cpu", 1, {"x": 1.0}], ["mem", 2, {"x": 7}]]
+    with c.client() as cl:
+        done = cl.load(VG, "one-1", rows)
+        v = done["visible_version"]
+        assert done["state"] == "VISIBLE" and done["duplicate"] is False and done["rows"] == 2
+        assert v == done["txn"] + 2 == done["version"]     # begin, rows, publish: 3 records
+        for n in c.nodes:
+            c.wait_for(f"n{n} publishes", lambda n=n: rows_of(c, n, "mem") != [], 10)
+            assert rows_of(c, n, "cpu") == [(1, v, 1.0)] and rows_of(c, n, "mem") == [(2, v, 7)]
+            code, doc = call(c, n, "GET", "txn/label:one-1")
+            assert code == 200 and doc["state"] == "VISIBLE" and doc["visible_version"] == v
+        again = cl.load(VG, "one-1", [["cpu", 9, {"x": 9.0}]])
+        assert again["duplicate"] is True and again["txn"] == done["txn"]
+        assert again["visible_version"] == v and len(rows_of(c, c.master(), "cpu")) == 1
+        m = c.master()
+        top = c.vgroup_status(m)["version"]
+        code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","rows":[["cpu",5,{"x":"s"}]],'
+                         b'"commit":true}')
+        assert code == 400 and doc["code"] == "bad_rows" and doc["outcome"] == "not_written"
+        code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","rows":[],"commit":true}')
+        assert code == 400 and doc["code"] == "bad_txn"
+        code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","commit":"yes"}')
+        assert code == 400 and doc["code"] == "bad_txn"
+        assert c.vgroup_status(m)["version"] == top
+        assert call(c, m, "GET", "txn/label:one-2")[0] == 404
+        # Rows without commit: begun with batch 0, open; the same request with commit
+        # completes it (batch 0 not staged twice).
+        code, doc = call(c, m, "POST", "txn", b'{"label":"one-3","rows":[["cpu",3,{"x":3.0}]]}')
+        assert code == 200 and doc["state"] == "PREPARE" and doc["rows"] == 1
+        for n in c.nodes:
+            assert rows_of(c, n, "cpu") == [(1, v, 1.0)]
+        done3 = cl.load(VG, "one-3", [["cpu", 3, {"x": 3.0}]])
+        assert done3["state"] == "VISIBLE" and done3["txn"] == doc["txn"] and done3["rows"] == 1
+        assert rows_of(c, m, "cpu") == [(1, v, 1.0), (3, done3["visible_version"], 3.0)]

@@ -160,9 +160,25 @@ def test_flush_limit_never_cuts_inside_an_unfinished_transaction(steps, limit):
             v -= 1
     cut = t.flush_limit(limit)
     assert cut <= limit
-    for txn in t.txns.values():
-        if txn.id <= cut:
-            assert not txn.open and txn.finish_version <= cut
+
+    def valid(c: int) -> bool:
+        return all(not x.open and x.finish_version <= c for x in t.txns.values() if x.id <= c)
+    assert valid(cut)
+    # ... and the highest such cut: a flush archives as much as the rule allows.
+    assert not any(valid(c) for c in range(cut + 1, limit + 1))
+
+
+def test_flush_limit_walks_a_chain_of_overlapping_transactions():
+    # Concurrent loaders: each transaction begins before the previous one finishes, so
+    # the only cut outside every one of them is below the first.
+    t = TxnTable()
+    begin(t, 1, "l0")
+    for k in range(1, 200):
+        begin(t, 2 * k, f"l{k}")
+        op(t, 2 * k + 1, "commit", 1 if k == 1 else 2 * (k - 1))
+    assert t.flush_limit(1000) == 0
+    op(t, 400, "commit", 398)       # the last one finishes: every version can go
+    assert t.flush_limit(1000) == 1000 and t.flush_limit(399) == 0
 
 
 def test_labels_file_round_trip_drops_entries_above_the_archive():

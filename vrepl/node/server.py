@@ -19,7 +19,8 @@ Routes (each request is counted under its route pattern, docs/operations.md §Me
     GET  /v1/vgroups/{id}/tables                      the tables this replica holds rows of
     POST /v1/vgroups/{id}/ingest                      body: {"files": [...], "kind", "meta"}: a round
                                                       of files in the vgroup's staging directory
-    POST /v1/vgroups/{id}/txn                         body {"label": L[, "timeout_ms": T]}: begin
+    POST /v1/vgroups/{id}/txn                         body {"label": L[, "timeout_ms": T]}: begin;
+                                                      [, "rows": [...]][, "commit": true]: one-request load
     GET  /v1/vgroups/{id}/txn[?open=1]                the vgroup's transactions (any replica)
     GET  /v1/vgroups/{id}/txn/{txn}                   one transaction (id, or label:<label>)
     POST /v1/vgroups/{id}/txn/{txn}/rows[?seq=S]      body: JSON rows, staged in the transaction

@@ -243,8 +243,16 @@ class Txns:
             return refused
         try:
             doc = json.loads(body.decode("utf-8") or "{}")
-            if not isinstance(doc, dict) or set(doc) - {"label", "timeout_ms"}:
-                raise ValueError('the body is {"label": L[, "timeout_ms": T]}')
+            if not isinstance(doc, dict) or set(doc) - {"label", "timeout_ms", "rows", "commit"}:
+                raise ValueError('the body is {"label": L[, "timeout_ms": T][, "rows": [...]]'
+                                 '[, "commit": true]}')
+            rows, commit = doc.get("rows"), doc.get("commit", False)
+            if type(commit) is not bool:
+                raise ValueError("commit is not true or false")
+            if rows is not None and (not isinstance(rows, list) or not rows):
+                raise ValueError("rows is not a non-empty array of rows")
+            rows_json = None if rows is None else json.dumps(
+                rows, separators=(",", ":"), allow_nan=False).encode()
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             return self._refuse(400, "bad_txn", f"begin: {exc}")
         label, timeout_ms = doc.get("label"), doc.get("timeout_ms", self.cfg.timeout_ms)
@@ -261,7 +269,9 @@ class Txns:
         table = self._table()
         prev = table.by_label(label)
         if prev is not None and prev.state != ABORTED:
-            return self._answer(prev, duplicate=True)
+            if prev.state == VISIBLE or (rows_json is None and not commit):
+                return self._answer(prev, duplicate=True)
+            return await self._load_again(prev, rows_json, commit)
         running = len(table.open_txns()) + len(self.begins)
         if running >= self.cfg.max_running:
             return self._refuse(429, "too_many_txns", f"vg{self.host.id}: {running} transactions"
@@ -272,17 +282,74 @@ class Txns:
             return self._refuse(429, "too_many_staged_bytes", f"vg{self.host.id}: {staged} bytes"
                                 f" are staged by running transactions (max_staged_bytes"
                                 f" {self.cfg.max_staged_bytes}); retry later")
+        version = self.host.next_version
+        payloads = [encode_txn_payload(TxnRecord("begin", version, label=label,
+                                                 timeout_ms=timeout_ms,
+                                                 at_ms=int(time.time() * 1000)))]
+        if rows_json is not None:
+            payloads.append(encode_rows_payload(version, 0, rows_json))
+            refused = self._rows_refusal(version, rows_json, payloads[-1], staged)
+            if refused is not None:
+                return refused
+        if commit:
+            payloads.append(encode_txn_payload(TxnRecord("commit", version,
+                                                         at_ms=int(time.time() * 1000))))
         fut = self.host.loop.create_future()  # type: ignore[union-attr]
         self.begins[label] = fut
         try:
-            version = self.host.next_version
-            payload = encode_txn_payload(TxnRecord("begin", version, label=label,
-                                                   timeout_ms=timeout_ms,
-                                                   at_ms=int(time.time() * 1000)))
-            return await self._step(payload, "begin", KP_BEGIN)
+            if len(payloads) == 1:
+                return await self._step(payloads[0], "begin", KP_BEGIN)
+            return await self._load(version, tuple(payloads), commit)
         finally:
             del self.begins[label]
             fut.set_result(None)
+
+    async def _load_again(self, t: Txn, rows_json: bytes | None, commit: bool) -> Response:
+        """A one-request load whose label is an open transaction (a retry after an unknown
+        outcome): its rows as batch 0 (answered, not staged again, if already staged), then
+        its commit, each step as if sent on its own."""
+        if rows_json is not None:
+            r = await self.put(str(t.id), rows_json, "0")
+            if r.status != 200 or not commit:
+                return r
+        return await self._finish_step(str(t.id), "commit")
+
+    async def _load(self, version: int, payloads: tuple[bytes, ...], commit: bool) -> Response:
+        """Begin, batch 0 and (with `commit`) the publish, forwarded back to back in one
+        forward_many (flow control takes all or none) and answered once the last is
+        committed and applied. The log orders them: if the begin is not committed (a
+        step-down, a timeout), neither is anything after it; each record's outcome is read
+        in order and the first that is not OK answers, as a lone step's would."""
+        host = self.host
+        try:
+            host.sync.forward_many(version, payloads)  # type: ignore[union-attr]
+        except FlowControlError as exc:
+            return self._refuse(503, "overloaded", f"{exc}; retry later")
+        except NotRunningError as exc:
+            return self._refuse(503, "not_running", str(exc))
+        futs = []
+        for i, payload in enumerate(payloads):
+            futs.append(host.loop.create_future())  # type: ignore[union-attr]
+            self.forwarded[version + i] = _Forwarded(payload, host.epoch, futs[-1])
+        host.next_version = version + len(payloads)
+        done = host.loop.create_future()  # type: ignore[union-attr]
+        if commit:
+            self.finishing[version] = ("commit", done)
+            self.commit_started[version] = time.monotonic()
+            killpoint(KP_COMMIT_FORWARDED)
+        try:
+            whats = ("begin", "rows", "commit") if len(payloads) == 3 else \
+                ("begin", "commit" if commit else "rows")
+            kps = {"begin": KP_BEGIN, "rows": KP_ROWS, "commit": KP_COMMIT}
+            for i, (what, fut) in enumerate(zip(whats, futs)):
+                answer = await self._answer_step(version + i, fut, what, kps[what])
+                if answer.status != 200 or i == len(futs) - 1:
+                    break
+            return answer
+        finally:
+            if commit:
+                del self.finishing[version]
+                done.set_result(version + len(payloads) - 1)
 
     async def put(self, key: str, body: bytes, seq_text: str | None = None) -> Response:
         """Stage a batch of rows (a JSON array) as batch `seq` of the transaction: a seq
@@ -311,17 +378,31 @@ class Txns:
                                 f" {len(body)} bytes would exceed max_staged_bytes"
                                 f" {self.cfg.max_staged_bytes} (nothing staged)")
         payload = encode_rows_payload(t.id, seq, bytes(body))
-        limit = self.host.node_cfg.vnode.max_payload_bytes
-        if len(payload) > limit:
-            return self._refuse(413, "too_large", f"transaction {t.id}: the batch's record would"
-                                f" be {len(payload)} bytes, above max_payload_bytes {limit}:"
-                                " put it in several batches")
-        # Checked (and its new columns reserved, as a write's) only once it will be sent.
-        reason, _, _ = vnode.prepare_raw(body)  # type: ignore[union-attr]
-        if reason is not None:
-            return self._refuse(400, "bad_rows", f"transaction {t.id}: {reason} (nothing"
-                                " staged; the transaction stays open)")
+        refused = self._rows_refusal(t.id, bytes(body), payload, None)
+        if refused is not None:
+            return refused
         return await self._step(payload, "rows", KP_ROWS)
+
+    def _rows_refusal(self, txn: int, rows_json: bytes, payload: bytes, staged: int | None
+                      ) -> Response | None:
+        """A batch's refusals before it is forwarded: too many staged bytes (when `staged`
+        is given), a record above max_payload_bytes, rows failing the write rules. The
+        check reserves the batch's new columns, as a write's does, so it comes last."""
+        if staged is not None and staged + len(rows_json) > self.cfg.max_staged_bytes:
+            return self._refuse(429, "too_many_staged_bytes", f"transaction {txn}: {staged} +"
+                                f" {len(rows_json)} bytes would exceed max_staged_bytes"
+                                f" {self.cfg.max_staged_bytes} (nothing staged)")
+        size = len(payload)
+        limit = self.host.node_cfg.vnode.max_payload_bytes
+        if size > limit:
+            return self._refuse(413, "too_large", f"transaction {txn}: the batch's record would"
+                                f" be {size} bytes, above max_payload_bytes {limit}:"
+                                " put it in several batches")
+        reason, _, _ = self.host.vnode.prepare_raw(rows_json)  # type: ignore[union-attr]
+        if reason is not None:
+            return self._refuse(400, "bad_rows", f"transaction {txn}: {reason} (nothing"
+                                " staged; the transaction stays open)")
+        return None
 
     async def precommit(self, key: str) -> Response:
         return await self._finish_step(key, "precommit")
@@ -392,6 +473,11 @@ class Txns:
             return self._refuse(503, "not_running", str(exc))
         if kp_forwarded is not None:
             killpoint(kp_forwarded)
+        return await self._answer_step(version, fut, what, kp)
+
+    async def _answer_step(self, version: int, fut: asyncio.Future, what: str, kp: str
+                           ) -> Response:
+        """A forwarded record's answer, once its outcome is known."""
         status, outcome = await self._outcome(fut)
         if status != ConfirmStatus.OK or outcome is None:
             return self._unknown(status, version, what)

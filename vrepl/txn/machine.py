@@ -232,16 +232,17 @@ class TxnTable:
         never past the begin of a transaction that is not finished at the cut, since after
         a restart the WAL above the archive is all that rebuilds its staged rows."""
         cut = min([limit, *(t.id - 1 for t in self.open.values() if t.id <= limit)])
-        while True:  # lowering the cut may catch an older transaction finished above it
-            low = cut
-            for finish_version, tid in reversed(self.finished):
-                if finish_version <= cut:
-                    break
-                if tid <= low:
-                    low = tid - 1
-            if low == cut:
-                return cut
-            cut = low
+        # One pass, newest finish first (`finished` is in finish order): a transaction
+        # finished above the cut and begun at or below it lowers the cut below its begin;
+        # the cut only goes down, so the first one finished at or below the cut ends the
+        # walk (every older one finished lower still). Chains of overlapping transactions
+        # (concurrent loaders) cost their length once, not once per lowering.
+        for finish_version, tid in reversed(self.finished):
+            if finish_version <= cut:
+                break
+            if tid <= cut:
+                cut = tid - 1
+        return cut
 
     def state_counts(self) -> dict[str, int]:
         return {s: self.counts.get(s, 0) for s in STATES}

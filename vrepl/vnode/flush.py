@@ -70,21 +70,28 @@ class VnodeFlush:
         """
         cfg = self.config
         with self._lock:
-            limit = self._next_cut(self._limit(up_to_version), up_to_version is None)[0]
             p = next(iter(self._ingests.values()), None)
+            mem = self._mem
+            why = None
+            if not mem.rows:
+                pass
+            elif mem.bytes >= cfg.max_memtable_bytes:
+                why = f"memtable holds {mem.bytes} bytes >= max_memtable_bytes"
+            elif mem.rows >= cfg.max_memtable_rows:
+                why = f"memtable holds {mem.rows} rows >= max_memtable_rows"
+            else:
+                age_ms = ((self._clock() if now is None else now) - mem.first_write_at) * 1000
+                if age_ms >= cfg.max_memtable_age_ms:
+                    why = f"oldest unflushed row is {age_ms:.0f} ms old >= max_memtable_age_ms"
+            if why is None and p is None:
+                return None     # nothing due whatever the limit: skip computing it
+            # The limit (the open transactions' rule walks finished ones) only once due.
+            limit = self._next_cut(self._limit(up_to_version), up_to_version is None)[0]
             if p is not None and p.staged and p.version <= limit:
                 return f"round {p.record.round} of ingested files at v{p.version} is committed"
-            mem = self._mem
             if not mem.rows or mem.min_version > limit:
                 return None
-            if mem.bytes >= cfg.max_memtable_bytes:
-                return f"memtable holds {mem.bytes} bytes >= max_memtable_bytes"
-            if mem.rows >= cfg.max_memtable_rows:
-                return f"memtable holds {mem.rows} rows >= max_memtable_rows"
-            age_ms = ((self._clock() if now is None else now) - mem.first_write_at) * 1000
-            if age_ms >= cfg.max_memtable_age_ms:
-                return f"oldest unflushed row is {age_ms:.0f} ms old >= max_memtable_age_ms"
-            return None
+            return why
 
     def maybe_flush(self, wal: Any = None, up_to_version: int | None = None
                     ) -> list[ArchivedFile]:
