@@ -75,3 +75,11 @@ def test_flush_during_isolation(seed):
 @pytest.mark.parametrize("seed", seeds(40))
 def test_flush_during_isolation_two_replicas_with_arbitrator(seed):
     check(5000 + seed, "isolation", replicas=2)
+
+
+@pytest.mark.parametrize("seed", [3000199])
+def test_campaign_findings(seed):
+    # Seeds a campaign failed on, kept once fixed. 3000199 (3 replicas): a files restore that
+    # swapped files and failed before its WAL rebase left the model's "files ahead of the WAL"
+    # flag set after the WAL had passed the files; a later truncation then crashed the model.
+    check(seed, replicas=3)

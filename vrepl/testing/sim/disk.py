@@ -51,7 +51,7 @@ class SimDiskAndApp:
             raise SafetyViolation(f"n{sn.node} truncates its WAL after v{version}, below its commit version"
                                   f" v{sn.app_commit}")
         archived = len(sn.archive)
-        if sn.restored_files_version:
+        if sn.restored_files_version and archived > len(sn.wal):
             archived = len(sn.wal)  # restored files beyond the WAL: not archived from it
         if version < archived:
             # Issue 13: the app archived records the group never confirmed; the WAL now cuts
@@ -154,6 +154,9 @@ class SimDiskAndApp:
             sn.app_commit = 0
             sn.commit_checked = 0
             return
+        # A restore that swapped files and failed before its rebase leaves files the WAL has
+        # since passed: from here on they are an ordinary archive (seed 3000199, 3 replicas).
+        sn.restored_files_version = 0
         if archived > len(sn.wal) or sn.wal[:archived] != sn.archive:
             raise SafetyViolation(f"n{sn.node} starts with its app archived up to v{archived} but its WAL"
                                   f" ends at v{len(sn.wal)} or differs below it (flush limit"
@@ -202,6 +205,7 @@ class SimDiskAndApp:
             app_flushed(sn, archived + 1, limit)
             sn.archive.extend(sn.memtable[:k])
             del sn.memtable[:k]
+            sn.restored_files_version = 0  # the archive now grows from the WAL, as after a rebase
             self.stats.flushes += 1
             self.stats.archived += k
             self._trace(f"n{sn.node} FLUSH archived v{archived + 1}..v{limit}")
