@@ -9,7 +9,7 @@ Each run executes the command with its working directory and PYTHONPATH set to o
 `python bench/x.py` and every node process it starts import that tree's `vrepl`; each tree
 needs its extensions built: `python setup.py build_ext --inplace`). Taking the two sides in
 turn keeps their ratio meaningful while the machine's speed drifts (docs/benchmarks.md
-§Method). Figures come from the command's output: a JSON object on its last line gives every
+§One driver). Figures come from the command's output: a JSON object on its last line gives every
 numeric leaf (`throughput.rows_per_s`), `--figure NAME=REGEX` takes the first group of a
 regex match. Every run also gives its wall seconds and the CPU seconds of all its processes
 (the children's rusage).
