@@ -15,8 +15,8 @@ API with the Python client:
    healthy figure of (1).
 The issue's targets (issue 17): begin->VISIBLE p50 <= 3 ms, p99 <= 10 ms; COMMITTED->VISIBLE
 p99 <= 20 ms; >= 500 small transactions/s with 8 loaders; paused slave <= 2x healthy.
-Not measured here: the bulk Parquet load (files are not staged through the ingest path yet)
-and the Spark writer's rate against the client API.
+Not measured here: the bulk Parquet load (files are not staged through the ingest path yet);
+the Spark writer's rate against the client API is bench/bench_spark_writer.py.
 """
 from __future__ import annotations
 

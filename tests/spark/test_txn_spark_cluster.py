@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
 from sparkdata import SKIP
 
 from vrepl.child import free_port
