@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 import vrepl.spark
-from vrepl.errors import BadRequestError
+from vrepl.errors import BadRequestError, WriteInputError
 from vrepl.node.local import LocalCluster
-from vrepl.spark.write import WriteInputError, _stage_partition
+from vrepl.spark.write import _stage_partition
 
 pytestmark = pytest.mark.timeout(240)
 VG = 1

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
 from vrepl.client import Client
-from vrepl.errors import VreplError
+from vrepl.errors import WriteInputError
 
 SEQ_PER_PARTITION = 1 << 20        # chunks of one partition (a partition of 2**20 batches...)
 VALUE_TYPES = "integer, floating point, decimal (sent as float), string or boolean"
@@ -35,11 +35,6 @@ TIMESTAMP_TYPES = ("TimestampType", "TimestampNTZType")
 # left out). Inside a JSON string a quote is escaped, so `,"b":` and `,"c":` can only be
 # the separators.
 TS_KEY, TABLE_SEP, VALUES_SEP = '{"a":', ',"b":', ',"c":'
-
-
-class WriteInputError(VreplError, ValueError):
-    """The DataFrame cannot be written (a missing column, a type the vnode has no column
-    for, a row without a ts or table): nothing of it is made visible."""
 
 
 def check_columns(fields: dict[str, str], table: str | None, table_column: str,
