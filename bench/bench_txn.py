@@ -2,6 +2,7 @@
 §Transactions).
 
     python bench/bench_txn.py [--small 300] [--loaders 8] [--seconds 10] [--dir DIR]
+                              [--only stuck]
 
 Three `vrepl node` processes on 127.0.0.1 (vgroup 1, quorum 2), each step through the HTTP
 API with the Python client:
@@ -13,10 +14,14 @@ API with the Python client:
    forms: committed transactions per second for the vgroup.
 3. a paused slave (SIGSTOP): the commit latency p99 with one replica paused, against the
    healthy figure of (1).
+4. a transaction stuck in PREPARE (begun on table stuck_a, one batch staged, never
+   committed) while --loaders loaders run small transactions on other tables for
+   --seconds: their begin -> VISIBLE p50/p99 without and with it, in both forms
+   (`--only stuck` runs just this section).
 The issue's targets (issue 17): begin->VISIBLE p50 <= 3 ms, p99 <= 10 ms; COMMITTED->VISIBLE
 p99 <= 20 ms; >= 500 small transactions/s with 8 loaders; paused slave <= 2x healthy.
-Not measured here: the bulk Parquet load (files are not staged through the ingest path yet)
-and the Spark writer's rate against the client API.
+Not measured here: the bulk Parquet load (files are not staged through the ingest path yet);
+the Spark writer's rate against the client API is bench/bench_spark_writer.py.
 """
 from __future__ import annotations
 
@@ -69,24 +74,55 @@ def run_small(c: LocalCluster, n: int, tag: str, one=small) -> tuple[list[float]
     return total, commit
 
 
-def throughput(c: LocalCluster, loaders: int, seconds: float, one=small, tag: str = "tp") -> float:
-    done = [0] * loaders
+def loaded_latency(c: LocalCluster, loaders: int, seconds: float, one=small,
+                   tag: str = "ll", ts_base: int = 50_000_000) -> tuple[float, list[float]]:
+    """--loaders threads running small transactions (on table "bench") for --seconds:
+    (transactions/s, every transaction's begin -> VISIBLE ms)."""
+    lats: list[list[float]] = [[] for _ in range(loaders)]
     stop = time.monotonic() + seconds
 
     def loader(k: int) -> None:
         with Client(c.endpoints) as cl:
             i = 0
             while time.monotonic() < stop:
-                one(cl, f"{tag}-{k}-{i}", 10_000_000 + k * 1_000_000 + i)
+                ms, _ = one(cl, f"{tag}-{k}-{i}", ts_base + k * 1_000_000 + i)
+                lats[k].append(ms)
                 i += 1
-            done[k] = i
     threads = [threading.Thread(target=loader, args=(k,)) for k in range(loaders)]
     t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(done) / (time.monotonic() - t0)
+    flat = [x for xs in lats for x in xs]
+    return len(flat) / (time.monotonic() - t0), flat
+
+
+def stuck_prepare(c: LocalCluster, loaders: int, seconds: float) -> None:
+    """4. A transaction held open in PREPARE on table "stuck_a" (begun, one batch staged,
+    never committed) while --loaders loaders run small transactions on table "bench":
+    their begin -> VISIBLE p50/p99 without and with the stuck one, in both forms, each
+    pair back to back."""
+    for name, one in (("3 requests", small), ("1 request", small_load)):
+        free_rate, free = loaded_latency(c, loaders, seconds, one, f"free-{name[0]}")
+        with Client(c.endpoints) as cl:
+            stuck = cl.transaction(VG, f"stuck-{name[0]}", timeout_ms=600_000).begin()
+            stuck.put([["stuck_a", 1, {"x": 1.0}]], seq=0)
+            try:
+                held_rate, held = loaded_latency(c, loaders, seconds, one, f"held-{name[0]}")
+                state = stuck.show()["state"]
+            finally:
+                stuck.abort("bench done")
+        print(f"stuck PREPARE, {name}, {loaders} loaders on other tables: without it p50"
+              f" {statistics.median(free):.2f} ms p99 {pct(free, 0.99):.2f} ms"
+              f" ({free_rate:.0f}/s); with it ({state} throughout) p50"
+              f" {statistics.median(held):.2f} ms p99 {pct(held, 0.99):.2f} ms"
+              f" ({held_rate:.0f}/s); p99 ratio {pct(held, 0.99) / pct(free, 0.99):.2f}",
+              flush=True)
+
+
+def throughput(c: LocalCluster, loaders: int, seconds: float, one=small, tag: str = "tp") -> float:
+    return loaded_latency(c, loaders, seconds, one, tag, 10_000_000)[0]
 
 
 def main() -> int:
@@ -95,6 +131,8 @@ def main() -> int:
     ap.add_argument("--loaders", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--only", choices=("stuck",), default=None,
+                    help="run only this section (stuck: 4. a transaction stuck in PREPARE)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-txn-", dir=args.dir)
     c = LocalCluster(os.path.join(base, "c"), 3, vgroup=VG,
@@ -104,6 +142,9 @@ def main() -> int:
         c.wait_ready()
         c.wait_master(slaves=2)
         run_small(c, 30, "warm")
+        if args.only == "stuck":
+            stuck_prepare(c, args.loaders, args.seconds)
+            return 0
         with Client(c.endpoints) as cl:       # the reference: one plain write, same rows
             plain = []
             for i in range(args.small):
@@ -135,6 +176,7 @@ def main() -> int:
             c.nodes[slave].proc.send_signal(signal.SIGCONT)
         print(f"one slave paused: COMMITTED->VISIBLE p99 {pct(paused, 0.99):.2f} ms"
               f" ({pct(paused, 0.99) / pct(commit, 0.99):.2f}x the healthy p99)")
+        stuck_prepare(c, args.loaders, args.seconds)
     finally:
         c.close()
     return 0

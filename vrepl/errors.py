@@ -374,6 +374,11 @@ class SparkJobError(VreplError, RuntimeError):
     """Spark could not start or a Spark job failed; the message is one line (no Java trace)."""
 
 
+class WriteInputError(VreplError, ValueError):
+    """vrepl.spark.write: the DataFrame cannot be written (a missing column, a type the
+    vnode has no column for, a row without a ts or table): nothing of it is made visible."""
+
+
 # -- the sync instance and its transport (vrepl/sync.py, vrepl/transport/)
 
 

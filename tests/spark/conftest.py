@@ -5,11 +5,9 @@ Skips (with the reason) only when Java or pyspark is missing; CI installs both.
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from sparkdata import SKIP, build_replica
+from sparkdata import SKIP, build_replica, copies
 
 
 def pytest_configure(config):
@@ -27,12 +25,7 @@ def base_replica(tmp_path_factory) -> str:
 @pytest.fixture
 def replicas(base_replica, tmp_path) -> list[str]:
     """Three identical replicas (copies of one vnode's data path)."""
-    out = []
-    for i in (1, 2, 3):
-        dst = str(tmp_path / f"n{i}")
-        shutil.copytree(base_replica, dst)
-        out.append(dst)
-    return out
+    return copies(base_replica, str(tmp_path))
 
 
 @pytest.fixture(scope="session")

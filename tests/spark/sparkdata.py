@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 
 import pyarrow as pa
@@ -71,6 +72,16 @@ def build_replica(path: str) -> None:
         if i == 5 or i == ARCHIVED_BATCHES:
             v.flush(wal)            # one WAL file: nothing is recycled, 1..15 stay
     wal.close()
+
+
+def copies(base: str, parent: str, n: int = 3) -> list[str]:
+    """n identical replicas (copies of the data path `base`) named n1.. under `parent`."""
+    out = []
+    for i in range(1, n + 1):
+        dst = os.path.join(parent, f"n{i}")
+        shutil.copytree(base, dst)
+        out.append(dst)
+    return out
 
 
 # -- planting faults ------------------------------------------------------------------------

@@ -32,7 +32,8 @@ from vrepl import wal as _wal
 from vrepl._core import record as _rec
 from vrepl.errors import InputError
 from vrepl.spark.model import Finding, ReplicaSpec
-from vrepl.spark.txnreplay import TxnReplay
+from vrepl.spark.txnreplay import PublishedTxn, TxnReplay, published_keys
+from vrepl.txn.record import HEADER as TXN_HEADER
 from vrepl.txn.record import is_txn_payload
 from vrepl.vnode.errors import ArchiveError, PayloadError
 from vrepl.vnode.files import ARROW_TYPES, MANIFEST_NAME, ArchivedFile, Manifest, file_magic
@@ -103,6 +104,8 @@ class ReplicaData:
     pending: list[PendingRound] = field(default_factory=list)   # rounds above the archive
     # transaction id -> (label, state, visible version, rows): the labels file and the WAL
     txns: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
+    # transaction id -> its published keys, for those whose batches the WAL still holds
+    published: dict[int, PublishedTxn] = field(default_factory=dict)
 
     @property
     def ranked(self) -> bool:
@@ -279,10 +282,28 @@ def stop_is_torn(data: bytes, sc: Any, max_record_bytes: int) -> tuple[bool, str
     return False, reason
 
 
+def _wanted(data: bytes, sc: Any, from_version: int) -> np.ndarray:
+    """Which scanned records to keep: those at or above from_version, and below it the
+    transaction (format 9) records, whose staged batches the per-transaction check needs
+    (the replay skips them like any record at or below the archive)."""
+    n = sc.count
+    above = sc.versions[:n] >= from_version
+    offs = sc.offsets[:n].astype(np.int64) + _rec.HEADER_SIZE_BYTES
+    cand = (~above) & (sc.msg_types[:n] == MSG_TYPE_DATA) & (sc.lengths[:n] >= len(TXN_HEADER))
+    if cand.any():
+        buf = np.frombuffer(data, np.uint8)
+        idx = np.nonzero(cand)[0]
+        magic = np.ones(len(idx), bool)
+        for j, b in enumerate(TXN_HEADER):
+            magic &= buf[offs[idx] + j] == b
+        cand[idx] = magic
+    return above | cand
+
+
 def scan_wal(spec: ReplicaSpec, max_record_bytes: int, from_version: int
              ) -> tuple[WalScan, list[tuple[int, int, int, bytes]], list[Finding]]:
-    """(headers of every record, records with version >= from_version as (version, epoch,
-    msg_type, payload), findings). Reads each WAL file whole (a file is at most
+    """(headers of every record, records with version >= from_version, and transaction
+    (format 9) records below it, as (version, epoch, msg_type, payload), findings). Reads each WAL file whole (a file is at most
     max_file_bytes, 64 MiB by default)."""
     wal_dir = os.path.join(spec.path, WAL_DIR)
     findings: list[Finding] = []
@@ -318,13 +339,11 @@ def scan_wal(spec: ReplicaSpec, max_record_bytes: int, from_version: int
             parts["msg_types"].append(sc.msg_types.astype(np.uint8))
             parts["file"].append(np.full(n, i, np.int32))
             parts["off"].append(sc.offsets.astype(np.int64))
-            want = np.nonzero(sc.versions >= from_version)[0] if from_version > 0 else []
+            want = np.nonzero(_wanted(data, sc, from_version))[0] if from_version > 0 else []
             for k in want:
-                off = int(sc.offsets[k])
-                plen = int(sc.lengths[k])
+                off = int(sc.offsets[k]) + _rec.HEADER_SIZE_BYTES
                 records.append((int(sc.versions[k]), int(sc.epochs[k]), int(sc.msg_types[k]),
-                                data[off + _rec.HEADER_SIZE_BYTES:
-                                     off + _rec.HEADER_SIZE_BYTES + plen]))
+                                data[off:off + int(sc.lengths[k])]))
         if not sc.ok:
             last_good = int(sc.versions[-1]) if n else 0
             torn, reason = stop_is_torn(data, sc, max_record_bytes)
@@ -478,7 +497,7 @@ def load_replica(spec: ReplicaSpec, max_record_bytes: int = _wal.DEFAULT_MAX_REC
     if removed:
         files = [df for df in files if df.entry.name not in removed]
     return ReplicaData(spec, manifest, has_manifest, files, scan, schemas, wal_rows, findings,
-                       pending, txns.outcomes())
+                       pending, txns.outcomes(), published_keys(records))
 
 
 def load_replicas(specs: list[ReplicaSpec],

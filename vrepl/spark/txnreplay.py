@@ -2,18 +2,20 @@
 §4): a format-9 record stages its rows, and only the publish (commit) record puts them in the
 replayed rows, at its version, as a vnode's recovery does.
 
-Owns: `TxnReplay`, one per replayed replica. Must not: read files (the caller hands it the
-records) or decide anything the vnode would not.
+Owns: `TxnReplay`, one per replayed replica, and `published_keys`: the (table, ts) keys every
+transaction published, from the staged batches its WAL still holds (the per-transaction
+check, vrepl/spark/txncheck.py). Must not: read files (the caller hands it the records) or
+decide anything the vnode would not.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from vrepl.spark.model import Finding, ReplicaSpec
 from vrepl.txn.machine import PREPARE, PUBLISHED, VISIBLE, TxnTable
-from vrepl.txn.record import TxnPayloadError, decode_txn_payload
+from vrepl.txn.record import TxnPayloadError, decode_txn_payload, is_txn_payload
 from vrepl.vnode.rows import check_rows
 
 
@@ -70,3 +72,40 @@ class TxnReplay:
             for b in out.batches:
                 for table, ts, values in b:
                     rows[(table, ts)] = (version, epoch, values)
+
+
+class PublishedTxn(NamedTuple):
+    """A transaction published in the WAL: its label, publish version, staged rows and
+    the distinct (table, ts) keys of its staged batches."""
+    label: str
+    version: int
+    rows: int
+    keys: frozenset[tuple[str, int]]
+
+
+def published_keys(records: list[tuple[int, int, int, bytes]]) -> dict[int, PublishedTxn]:
+    """Every transaction whose begin, batches and publish are all in `records` (a WAL's
+    records in log order, transaction records below the archive included), run through
+    the same state machine the vnode uses (so a batch it ignores, a duplicate seq or one
+    after the pre-commit, is not counted). A transaction begun before the WAL's first
+    record is not here: its batches are gone with the recycled WAL."""
+    table = TxnTable(1 << 62)        # keep every finished transaction
+    out: dict[int, PublishedTxn] = {}
+    for version, _epoch, _msg_type, payload in records:
+        if version <= table.applied_version:
+            continue
+        if not is_txn_payload(payload):
+            table.applied_version = version
+            continue
+        try:
+            rec = decode_txn_payload(payload, version)
+        except TxnPayloadError:       # reported by the replay (wal_bad_payload)
+            table.applied_version = version
+            continue
+        keys = [(row[0], row[1]) for row in rec.rows] if rec.op == "rows" else None
+        res = table.apply(version, rec, keys, 0, ())
+        if res.effect == PUBLISHED and res.txn is not None:
+            t = res.txn
+            out[t.id] = PublishedTxn(t.label, version, t.rows,
+                                     frozenset(k for b in res.batches for k in b))
+    return out

@@ -133,6 +133,7 @@ def _spark_checks(spark: Any, replicas: list[ReplicaData], results: dict[str, Ch
                   timings: dict[str, float], known: list[tuple[str, str]]) -> Report:
     from vrepl.spark.job import Frames, Plan
     from vrepl.spark.session import quiet_python_loggers, spark_error_line
+    from vrepl.spark.txncheck import txn_presence
     quiet_python_loggers()
     plan = Plan(replicas, bucket_ms)
     step = "building the job"
@@ -142,6 +143,12 @@ def _spark_checks(spark: Any, replicas: list[ReplicaData], results: dict[str, Ch
         t = time.perf_counter()
         rows = frames.compare_rows(max_diff_rows)
         timings["rows"] = time.perf_counter() - t
+        step = "checking transactions"
+        t = time.perf_counter()
+        txn_found, txn_counts = ([], {}) if frames.rows is None else txn_presence(
+            spark, frames.rows, replicas, {r.spec.vgroup: plan.precision_of(r)
+                                           for r in replicas})
+        timings["txns"] = time.perf_counter() - t
         step = "comparing epochs"
         t = time.perf_counter()
         epochs = frames.compare_epochs(examples)
@@ -171,6 +178,9 @@ def _spark_checks(spark: Any, replicas: list[ReplicaData], results: dict[str, Ch
         ec.kinds["two_epochs"] = epochs.conflicts
     ec.findings.extend(epochs.examples[:examples])
     vc = results["versions"]
+    vc.counts.update(txn_counts)
+    for f in txn_found:
+        vc.add(f, examples)
     for r in replicas:
         rng = epochs.row_versions.get((r.spec.vgroup, r.spec.replica))
         if rng is not None:
