@@ -114,7 +114,7 @@ def generate(path: str, rows: int, tables: int) -> dict:
 
 def run_once(dirs: list[str], master: str, out: str) -> dict:
     """One validation in this process (a fresh JVM), with timings."""
-    from vrepl.spark.validate import validate
+    from vrepl.spark.validation import validate
     t0 = time.perf_counter()
     report = validate({1: dirs}, master=master, log_path=os.path.join(out, "spark.log"))
     total = time.perf_counter() - t0

@@ -175,7 +175,7 @@ def test_changed_value(faults):
 def test_duplicate_row_in_one_replica(faults):
     # The same (table, ts) twice in one file, the manifest's counts updated so the files
     # check passes: the digests differ, yet every copy equals the reference row (issue 14).
-    from vrepl.spark.validate import _row_finding
+    from vrepl.spark.validation import _row_finding
     report, _ = faults
     assert found(report, VG["duplicate_row"]) == {"rows": {"duplicate": 1}}
     # The examples kept (100) end before the last vgroup's: read its rows from the diffs.

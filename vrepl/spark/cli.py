@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from vrepl.errors import InputError, SparkJobError
 from vrepl.exitcodes import EXIT_INTERRUPTED, EXIT_USAGE
 from vrepl.spark.model import parse_vgroup_arg
-from vrepl.spark.validate import (DEFAULT_BUCKET_MS, DEFAULT_EXAMPLES, DEFAULT_MAX_DIFF_ROWS,
+from vrepl.spark.validation import (DEFAULT_BUCKET_MS, DEFAULT_EXAMPLES, DEFAULT_MAX_DIFF_ROWS,
                                   validate)
 
 DESCRIPTION = ("Check that the replicas of one or more vgroups hold the same data (rows, file"

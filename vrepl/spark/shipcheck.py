@@ -21,6 +21,7 @@ from typing import Any
 from vrepl.errors import InputError, SparkJobError
 from vrepl.spark.checks import canonical_columns
 from vrepl.spark.read import load_manifest, read_files
+from vrepl.spark.validation import active_session
 from vrepl.vnode.files import Manifest
 
 SHIP_DIR = "ship"
@@ -206,8 +207,7 @@ def validate_ship(sender: str, receiver: str, spark: Any = None, *, state: str |
     load_manifest(sender)
     load_manifest(receiver)
     if spark is None:
-        from vrepl.spark.validate import _active_session
-        spark = _active_session()       # one already running in this process is reused
+        spark = active_session()       # one already running in this process is reused
     own = spark is None
     if own:
         from vrepl.spark.session import start_session
