@@ -179,3 +179,31 @@ def test_master_killed_between_files_record_and_commit(cluster, tmp_path):
         assert [(r["ts"], r["_version"]) for r in c.replica_rows(n, "tb")] == [(1, v)]
         c.wait_for(f"n{n} cleaned", lambda n=n: staged(c, n) == [], 15)
     assert m2 != m
+
+
+def test_slave_restarted_between_staging_and_publish_fetches_what_it_lacks(cluster, tmp_path):
+    """A slave killed after staging file 1 misses file 2 and the publish; restarted, its WAL
+    replay finds file 1 staged, it fetches file 2 from the others (archived there by then)
+    before acknowledging, and publishes both with the rows."""
+    c = cluster()
+    f1 = parquet(tmp_path, "1.parquet", list(range(10)), x=list(range(10)))
+    f2 = parquet(tmp_path, "2.parquet", list(range(10)), y=[float(i) for i in range(10)])
+    with c.client() as cl:
+        txn = cl.transaction(VG, "files-lag").begin()
+        txn.put_file(f1, table="ta")
+        for n in c.nodes:
+            c.wait_for(f"n{n} staged", lambda n=n: len(staged(c, n)) == 1, 15)
+        s = next(n for n in c.nodes if n != c.master())
+        c.kill(s, signal.SIGKILL)
+        kept = staged(c, s)
+        txn.put_file(f2, table="tb")
+        txn.put([["tc", 1, {"z": 1}]])
+        v = txn.commit()["visible_version"]
+    assert staged(c, s) == kept         # the killed slave has file 1 only
+    c.start(s)
+    c.wait_master(slaves=2, timeout_s=20)
+    c.wait_for(f"n{s} publishes", lambda: len(c.replica_rows(s, "tb")) == 10, 30)
+    assert values(c, s, "ta", "x") == [(i, i) for i in range(10)]
+    assert values(c, s, "tb", "y") == [(i, float(i)) for i in range(10)]
+    assert [(r["ts"], r["_version"]) for r in c.replica_rows(s, "tc")] == [(1, v)]
+    c.wait_for(f"n{s} cleaned", lambda: staged(c, s) == [], 15)
