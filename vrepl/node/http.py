@@ -249,6 +249,11 @@ class HttpProtocol(asyncio.Protocol):
         now = self.last_active = time.monotonic()
         if self.closing:
             return
+        if self.sink is not None and not self.buf:     # a streamed body's bytes, as they are
+            n = self._feed_sink(data)
+            if n == len(data):
+                return
+            data = data[n:]
         if not self.buf:
             if self.request_started is None:
                 self.request_started = now
@@ -256,11 +261,6 @@ class HttpProtocol(asyncio.Protocol):
                 log.info("http: %s speaks TLS to a plain-HTTP port: closed", self.peer)
                 self._close()
                 return
-        if self.sink is not None and not self.buf:
-            n = self._feed_sink(data)
-            if n == len(data):
-                return
-            data = data[n:]
         self.buf += data
         if not self.busy and self.write_paused_at is None:
             self._next()

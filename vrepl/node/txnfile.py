@@ -20,8 +20,10 @@ on the ingest executor).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -39,6 +41,8 @@ from vrepl.vnode import staging as S
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.files import ARROW_TYPES, arrow_schema
 from vrepl.vnode.rows import TABLE_NAME_RE
+
+log = logging.getLogger("vrepl.node")
 
 KP_FILE_STAGED = register("txn.master.after_file_stage", "a transaction's file is staged"
                           " (fsynced in ingest/staged/<round>/); its files record is not"
@@ -64,6 +68,7 @@ class FileSink:
                                       0o644)
         self.crc = 0
         self.size = 0
+        self.started = time.monotonic()
         self.error: OSError | None = None
         self._on_end = on_end           # releases the reservation (once)
 
@@ -213,6 +218,7 @@ class TxnFiles:
     def __init__(self, txns: Any) -> None:
         self.txns = txns
         self.uploading: dict[tuple[int, int], int] = {}   # (txn, seq) -> bytes announced
+        self.t_checked = 0.0                               # the last put's, for its log line
 
     # -- before the body: refusals and the sink (I/O thread) ----------------------------------
     def sink(self, key: str, query: Mapping[str, str], length: int) -> FileSink | Response:
@@ -288,6 +294,7 @@ class TxnFiles:
             return txns._answer(t, duplicate=True)
         vnode, loop, pool = host.vnode, host.loop, host.rounds.pool()
         name = os.path.basename(sink.path)
+        t_received = time.monotonic()
         try:
             entries, sources = await loop.run_in_executor(
                 pool, archived_files, sink.path, name, query["table"], origin,
@@ -296,13 +303,21 @@ class TxnFiles:
             return txns._refuse(400, "bad_file", f"transaction {t.id}: {exc} (nothing staged;"
                                 " the transaction stays open)")
         try:
-            return await self._stage(t, seq, entries, sources)
+            resp = await self._stage(t, seq, entries, sources, t_received)
+            # Where a put's time goes (docs/benchmarks.md §Transactions, bulk).
+            log.info("vg%d n%d: txn %d file seq %d (%d bytes): received in %.3f s, checked in"
+                     " %.3f s, staged and committed in %.3f s: %d", host.id, host.node_id,
+                     t.id, seq, sink.size, t_received - sink.started,
+                     self.t_checked - t_received, time.monotonic() - self.t_checked,
+                     resp.status, extra={"event": "txn_file", "txn": t.id})
+            return resp
         finally:
             for src in sources:
                 _unlink(src)
 
-    async def _stage(self, t: Any, seq: int, entries: list[S.IngestEntry], sources: list[str]
-                     ) -> Response:
+    async def _stage(self, t: Any, seq: int, entries: list[S.IngestEntry], sources: list[str],
+                     t_received: float) -> Response:
+        self.t_checked = time.monotonic()
         txns = self.txns
         host = txns.host
         vnode = host.vnode
@@ -331,7 +346,7 @@ class TxnFiles:
             return txns._refuse(507, "disk_full" if exc.errno == errno.ENOSPC else "io_error",
                                 f"cannot stage the file: {exc.strerror or exc} (nothing staged)")
         killpoint(KP_FILE_STAGED)
-        resp = await txns._step(payload, "files", KP_FILES)
+        resp = await txns._step(payload, "files", KP_FILES, patient=True)
         if (resp.status != 200 and resp.body.get("outcome") != "unknown") \
                 or resp.body.get("duplicate"):
             self._unstage(rec)      # never in the log, or ignored there: nobody names it

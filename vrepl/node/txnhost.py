@@ -469,8 +469,8 @@ class Txns:
             del self.finishing[t.id]
             fut.set_result(version)
 
-    async def _step(self, payload: bytes, what: str, kp: str, kp_forwarded: str | None = None
-                    ) -> Response:
+    async def _step(self, payload: bytes, what: str, kp: str, kp_forwarded: str | None = None,
+                    patient: bool = False) -> Response:
         try:
             version, fut = self._send(payload)
         except FlowControlError as exc:
@@ -479,12 +479,19 @@ class Txns:
             return self._refuse(503, "not_running", str(exc))
         if kp_forwarded is not None:
             killpoint(kp_forwarded)
-        return await self._answer_step(version, fut, what, kp)
+        return await self._answer_step(version, fut, what, kp, patient)
 
-    async def _answer_step(self, version: int, fut: asyncio.Future, what: str, kp: str
-                           ) -> Response:
-        """A forwarded record's answer, once its outcome is known."""
+    async def _answer_step(self, version: int, fut: asyncio.Future, what: str, kp: str,
+                           patient: bool = False) -> Response:
+        """A forwarded record's answer, once its outcome is known. `patient` (a files
+        record): the replicas acknowledge it only once they fetched its files, often after
+        the sync layer's forward timeout; it is in the log and commits with a later record,
+        so wait (nudging with no-ops, as ingest does) until `write_timeout_ms`."""
+        host = self.host
+        epoch, deadline = host.epoch, host.loop.time() + host.node_cfg.http.write_timeout_ms / 1000  # type: ignore[union-attr]
         status, outcome = await self._outcome(fut)
+        if patient and status == ConfirmStatus.TIMED_OUT and outcome is not None:
+            status = await host.rounds._await_commit(version, epoch, deadline)
         if status != ConfirmStatus.OK or outcome is None:
             return self._unknown(status, version, what)
         killpoint(kp)
