@@ -101,8 +101,8 @@ def txn_bulk(tmp: str, files: list[tuple[str, str]], parallel: int) -> dict:
         for n in c.nodes:       # every replica publishes (a row of each table read back)
             with Client([c.nodes[n].http], timeout_s=60, request_timeout_s=60) as rd:
                 for _, table in files:
-                    c.wait_for(f"n{n} publishes {table}", lambda: len(rd.read(
-                        VG, table, limit=1, node=c.nodes[n].http)["rows"]) == 1, 60)
+                    c.wait_for(f"n{n} publishes {table}", lambda t=table, ep=c.nodes[n].http: len(
+                        rd.read(VG, t, limit=1, node=ep)["rows"]) == 1, 60)
         for n in c.nodes:
             with open(os.path.join(c.nodes[n].dir, "node.log")) as fh:
                 lines = [ln.strip() for ln in fh if "file seq" in ln or "role" in ln

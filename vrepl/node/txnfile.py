@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from vrepl._core.crc32c import crc32c
 from vrepl.errors import IngestFileError
 from vrepl.killpoints import killpoint, register
-from vrepl.node.http import Response, error
+from vrepl.node.http import Response
 from vrepl.txn.machine import PREPARE
 from vrepl.txn.record import TxnRecord, encode_txn_payload
 from vrepl.vnode import staging as S
@@ -126,7 +126,8 @@ def archived_files(full: str, name: str, table: str, origin: str, cfg: VnodeConf
         names = pq.read_schema(full).names
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise IngestFileError(f"{name}: not a readable Parquet file: "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                              ) from None
     if "_version" in names and "_epoch" in names:
         reason, entry = S.check_file(full, name, table, origin, cfg, schemas, size, magic)
         if reason is not None or entry is None:
@@ -172,7 +173,8 @@ def _normalised(tbl: pa.Table, name: str, cfg: VnodeConfig, txn: int, epoch: int
         ts = ts.cast(pa.timestamp(cfg.precision)) if pa.types.is_timestamp(ts.type) \
             else ts.cast(pa.int64()).cast(pa.timestamp(cfg.precision))
     except pa.ArrowInvalid as exc:
-        raise IngestFileError(f"{name}: ts does not fit the precision {cfg.precision}: {exc}")
+        raise IngestFileError(f"{name}: ts does not fit the precision {cfg.precision}: {exc}"
+                              ) from None
     columns: dict[str, str] = {}
     arrays = []
     for fld in tbl.schema:

@@ -55,7 +55,7 @@ class TxnRecord:
     rows: list[Any] = field(default_factory=list)
     seq: int = 0
     round: str = ""
-    files: list[Any] = field(default_factory=list)   # "files": format-8 entries (JSON objects)
+    files: list[Any] = field(default_factory=list)  # "files": format-8 entries (JSON objects)
 
     def describe(self) -> str:
         """One stable line (logs, `vrepl wal dump`)."""
@@ -135,8 +135,11 @@ def decode_txn_payload(payload: bytes | memoryview, version: int | None = None) 
             rid, files = doc.get("round"), doc.get("files")
             if type(rid) is not str or ROUND_RE.fullmatch(rid) is None:
                 raise ValueError("round is not 16 lowercase hex digits")
-            if not isinstance(files, list) or not 1 <= len(files) <= MAX_FILES \
-                    or not all(isinstance(f, dict) for f in files):
+            if (
+                not isinstance(files, list)
+                or not 1 <= len(files) <= MAX_FILES
+                or not all(isinstance(f, dict) for f in files)
+            ):
                 raise ValueError(f"files is not an array of 1..{MAX_FILES} objects")
             return TxnRecord(op, txn, seq=_int(doc, "seq"), round=rid, files=files)
         reason = doc.get("reason", "")

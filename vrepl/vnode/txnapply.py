@@ -152,7 +152,8 @@ class VnodeTxns:
                                version) from None
         added: dict[str, dict[str, str]] = {}
         batch: Any = None
-        nbytes, tables, nrows = 0, (), None
+        nbytes, nrows = 0, None
+        tables: set[str] = set()
         t = self.table.get(rec.txn) if rec.op in ("rows", "files") else None
         if t is not None and t.state == PREPARE and rec.seq not in t.seqs:
             if rec.op == "rows":
