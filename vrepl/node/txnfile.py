@@ -5,7 +5,8 @@
 Owns: the upload (the body streamed by the HTTP server into
 `<vgroup>/ingest/incoming/txn-<txn>-<seq>-<random>.parquet`, its CRC-32C computed while it
 arrives: `FileSink`), the refusals before the body is read (not the master, no such open
-transaction, a seq already staged or being put, `[txn] max_staged_file_bytes`) and after
+transaction, a seq being put, `[txn] max_staged_file_bytes`; a seq already staged is
+answered once its body is read and dropped: `Answered`) and after
 (a wrong checksum, not Parquet, a schema conflict, a file overlapping another of the
 transaction), making the upload an archived file of this vnode's format (as it is when it
 already is one; otherwise its `ts` sorted and cast, `_version`/`_epoch` added, one file per
@@ -103,6 +104,26 @@ class FileSink:
     @property
     def magic(self) -> int:
         return self.crc or 1
+
+
+class Answered:
+    """The body of a put answered before it is read (a seq already staged): read and
+    dropped, then `response` is the answer, so a retried put of a large file is answered
+    however long its body takes (an early answer would close the connection under it)."""
+
+    path = ""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
 
 
 def _unlink(path: str) -> None:
@@ -223,7 +244,8 @@ class TxnFiles:
         self.t_checked = 0.0                               # the last put's, for its log line
 
     # -- before the body: refusals and the sink (I/O thread) ----------------------------------
-    def sink(self, key: str, query: Mapping[str, str], length: int) -> FileSink | Response:
+    def sink(self, key: str, query: Mapping[str, str], length: int
+             ) -> FileSink | Answered | Response:
         txns = self.txns
         refused = txns._refusal()
         if refused is not None:
@@ -239,7 +261,7 @@ class TxnFiles:
                                 " >= 0 (a file put names its seq)")
         seq = int(seq_text)
         if seq in t.seqs:
-            return txns._answer(t, duplicate=True)
+            return Answered(txns._answer(t, duplicate=True))
         if (t.id, seq) in self.uploading:
             return txns._refuse(503, "busy", f"transaction {t.id}: a put of seq {seq} is in"
                                 " progress; retry it once that one is answered")
@@ -264,7 +286,10 @@ class TxnFiles:
         return sink
 
     # -- once the body is in (a task on the I/O thread) ---------------------------------------
-    async def put(self, key: str, query: Mapping[str, str], sink: FileSink) -> Response:
+    async def put(self, key: str, query: Mapping[str, str], sink: FileSink | Answered
+                  ) -> Response:
+        if isinstance(sink, Answered):
+            return sink.response
         try:
             return await self._put(key, query, sink)
         finally:
