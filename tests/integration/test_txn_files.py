@@ -207,3 +207,37 @@ def test_slave_restarted_between_staging_and_publish_fetches_what_it_lacks(clust
     assert values(c, s, "tb", "y") == [(i, float(i)) for i in range(10)]
     assert [(r["ts"], r["_version"]) for r in c.replica_rows(s, "tc")] == [(1, v)]
     c.wait_for(f"n{s} cleaned", lambda: staged(c, s) == [], 15)
+
+
+def test_an_archived_format_file_is_staged_as_it_is_and_all_nodes_restart_before_commit(
+        cluster, tmp_path):
+    """A file with _version and _epoch is an archived file (docs/vnode.md §9.1): staged byte
+    for byte, its rows keep their _version. Every node restarted between the files record
+    and the commit: the staged files survive (found by WAL replay) and the commit publishes."""
+    c = cluster()
+    path = str(tmp_path / "arch.parquet")
+    pq.write_table(pa.table({"ts": pa.array([5, 6, 7], pa.timestamp("ms")),
+                             "_version": pa.array([41, 42, 43], pa.int64()),
+                             "_epoch": pa.array([1, 1, 1], pa.int64()),
+                             "x": pa.array([0.5, 0.6, 0.7])}), path)
+    size = os.path.getsize(path)
+    with c.client() as cl:
+        txn = cl.transaction(VG, "files-arch").begin()
+        assert txn.put_file(path, table="ta", origin="dc1/vg9")["file_bytes"] == size
+        for n in c.nodes:
+            c.wait_for(f"n{n} staged", lambda n=n: len(staged(c, n)) == 1, 15)
+            assert [os.path.getsize(f) for f in staged(c, n)] == [size]
+    c.stop_all(signal.SIGKILL)
+    c.start()
+    c.wait_ready()
+    c.wait_master(slaves=2, timeout_s=30)
+    with Client(c.endpoints, timeout_s=20) as cl:
+        again = cl.transaction(VG, "files-arch").begin()
+        assert again.id == txn.id and again.state == "PREPARE"
+        v = again.commit()["visible_version"]
+    for n in c.nodes:
+        c.wait_for(f"n{n} publishes", lambda n=n: len(c.replica_rows(n, "ta")) == 3, 20)
+        assert [(r["ts"], r["_version"], r["x"]) for r in c.replica_rows(n, "ta")] == [
+            (5, 41, 0.5), (6, 42, 0.6), (7, 43, 0.7)]
+        (f,) = [f for f in manifest_files(c, n) if f.get("ingest_version")]
+        assert (f["ingest_version"], f["origin"], f["size"]) == (v, "dc1/vg9", size)
