@@ -1,7 +1,7 @@
 """Bulk transactional load benchmark (issue 17 target; docs/transactions.md §4.1, figures in
 docs/benchmarks.md §Transactions, "bulk").
 
-    python bench/bench_txn_bulk.py [--total-mb 1024] [--files 8] [--parallel 4] [--dir /dev/shm]
+    python bench/bench_txn_bulk.py [--total-mb 1024] [--files 8] [--parallel 1] [--dir /dev/shm]
                                    [--plain]
 
 1. txn bulk: --files archived-format Parquet files of --total-mb MiB in all (random float64
@@ -120,7 +120,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--total-mb", type=int, default=1024)
     ap.add_argument("--files", type=int, default=8)
-    ap.add_argument("--parallel", type=int, default=4, help="loaders putting files at once")
+    ap.add_argument("--parallel", type=int, default=1, help="loaders putting files at once")
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
     ap.add_argument("--plain", action="store_true", help="plain Parquet: the master converts")
     args = ap.parse_args()
