@@ -3,6 +3,7 @@
     with client.transaction(vgroup=1, label="load-2026-11-24") as txn:
         txn.put([["cpu", 1, {"x": 1.0}], ...])      # batch 0
         txn.put(more_rows)                          # batch 1
+        txn.put_file("cpu.parquet", table="cpu")    # batch 2: a whole Parquet file
     # commit on a normal exit (VISIBLE: txn.visible_version), abort on an exception
 
 Owns: Transaction, which follows the vgroup's master for every step, numbers the batches
@@ -15,9 +16,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import time
 from typing import Any, Iterable, Sequence
+from urllib.parse import urlencode
+
+from vrepl._core.crc32c import crc32c
 
 from vrepl.errors import ClientError, NotWrittenError, OutcomeUnknownError, TransactionError
 
@@ -63,6 +68,29 @@ class Transaction:
         body = rows if isinstance(rows, bytes) else json.dumps(
             list(rows), separators=(",", ":"), allow_nan=False).encode()
         doc = self._call("POST", f"txn/{self._id()}/rows?seq={seq}", body, retry_unknown=True)
+        self._take(doc)
+        return doc
+
+    def put_file(self, file: str | os.PathLike | bytes, table: str, seq: int | None = None,
+                 origin: str = "") -> dict:
+        """Stage a whole Parquet file (its path, or its bytes) holding rows of `table` as
+        batch `seq` (default: the next number; file puts and row batches share the
+        numbers): streamed to the master with its CRC-32C, which the master checks, then
+        staged on every replica and published by the commit with the rest
+        (docs/transactions.md §4.1). Retried with the same seq when the outcome is
+        unknown: staged once."""
+        if self.already_done:
+            return self.last
+        if seq is None:
+            seq, self.next_seq = self.next_seq, self.next_seq + 1
+        if isinstance(file, bytes):
+            data = file
+        else:
+            with open(file, "rb") as fh:
+                data = fh.read()
+        query = urlencode({"table": table, "seq": seq, "crc32c": crc32c(data) or 1,
+                           **({"origin": origin} if origin else {})})
+        doc = self._call("POST", f"txn/{self._id()}/file?{query}", data, retry_unknown=True)
         self._take(doc)
         return doc
 

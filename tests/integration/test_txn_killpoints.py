@@ -7,12 +7,17 @@ request (client.load: the records forwarded back to back); if it gives up, it ru
 job again under the same label, as a retried job does. Meanwhile a reader polls every
 replica: a transaction is never partially visible. At the end every replica holds the
 transaction's rows exactly once, all at its publish version, every replica answers its
-label (after the restarts), and nothing stays staged."""
+label (after the restarts), and nothing stays staged. The `files` mode puts ta's rows as a
+whole Parquet file (docs/transactions.md §4.1) and passes the file points too."""
 from __future__ import annotations
 
+import glob
+import os
 import signal
 import threading
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import vrepl.node.txnhost  # noqa: F401  (registers the transaction kill points)
@@ -25,6 +30,7 @@ pytestmark = pytest.mark.timeout(180)
 
 VG = 1
 POINTS = sorted(killpoints.registered("txn."))
+FILE_POINTS = ["txn.master.after_file_stage", "txn.master.after_files"]   # only file puts
 A = [["ta", i, {"x": i}] for i in range(1, 21)]
 B = [["tb", i, {"y": float(i)}] for i in range(1, 11)]
 
@@ -49,12 +55,23 @@ def counts(c: LocalCluster, n: int, again: bool = False) -> tuple[int, int] | No
         cl.close()
 
 
+def a_parquet() -> bytes:
+    """A's rows as a Parquet file (ts, x)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"ts": pa.array([r[1] for r in A], pa.int64()),
+                             "x": pa.array([r[2]["x"] for r in A], pa.int64())}), sink)
+    return sink.getvalue().to_pybytes()
+
+
 def run_job(c: LocalCluster, step: str, mode: str = "steps") -> dict:
     with Client(c.endpoints, timeout_s=20) as cl:
         if mode == "load":          # one request: begin, both tables in batch 0, publish
             return cl.load(VG, "kp-job", A + B)
         txn = cl.transaction(VG, "kp-job").begin()
-        txn.put(A, seq=0)
+        if mode == "files":         # A as a whole Parquet file (docs/transactions.md §4.1)
+            txn.put_file(a_parquet(), table="ta", seq=0)
+        else:
+            txn.put(A, seq=0)
         txn.put(B, seq=1)
         if step.endswith("abort"):
             txn.abort("test")
@@ -65,13 +82,15 @@ def run_job(c: LocalCluster, step: str, mode: str = "steps") -> dict:
 
 # The one-request load (docs/client-api.md §Transactions) passes the same points but the
 # pre-commit and abort ones.
-CASES = [(p, "steps") for p in POINTS] + [
-    (p, "load") for p in POINTS if not p.endswith(("precommit", "abort"))]
+# File puts pass the two file points besides the others but the abort (the `files` mode).
+CASES = [(p, "steps") for p in POINTS if p not in FILE_POINTS] + [
+    (p, "load") for p in POINTS if p not in FILE_POINTS and not p.endswith(("precommit", "abort"))
+] + [(p, "files") for p in POINTS if not p.endswith("abort")]
 
 
 @pytest.mark.parametrize("point,mode", CASES)
 def test_kill_at_every_transaction_step(tmp_path, monkeypatch, point, mode):
-    assert len(POINTS) == 6
+    assert len(POINTS) == 8
     c = LocalCluster(str(tmp_path / "c"), 3, vgroup=VG, http={"write_timeout_ms": 2000})
     try:
         monkeypatch.setenv(killpoints.ENV, point)
@@ -130,12 +149,16 @@ def test_kill_at_every_transaction_step(tmp_path, monkeypatch, point, mode):
                 shown = cl._get(VG, "txn/label:kp-job", c.nodes[n].http)
                 assert shown["state"] == doc["state"] and shown["txn"] == doc["txn"]
                 rows = cl.read(VG, "ta", node=c.nodes[n].http)["rows"]
-                if want[0]:
-                    assert {r["_version"] for r in rows} == {doc["visible_version"]}
+                if want[0]:     # a file's rows keep _version = the txn id (§4.1)
+                    assert {r["_version"] for r in rows} == {
+                        doc["txn"] if mode == "files" else doc["visible_version"]}
                 st = c.vgroup_status(n)["txn"]
                 c.wait_for(f"n{n} holds nothing staged", lambda n=n: (
-                    c.vgroup_status(n)["txn"]["open"], c.vgroup_status(n)["txn"]["staged_bytes"])
-                    == (0, 0), 10, 0.1)
+                    c.vgroup_status(n)["txn"]["open"], c.vgroup_status(n)["txn"]["staged_bytes"],
+                    c.vgroup_status(n)["txn"]["staged_file_bytes"],
+                    glob.glob(os.path.join(c.nodes[n].dir, "data", f"vg{VG}", "ingest",
+                                           "staged", "*", "*")))
+                    == (0, 0, 0, []), 10, 0.1)
                 assert st["states"]["VISIBLE" if want[0] else "ABORTED"] == 1
             finally:
                 cl.close()

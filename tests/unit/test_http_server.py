@@ -335,3 +335,60 @@ def test_a_body_above_the_limit_is_413_not_written(served):
     assert status_of(out) == 413
     assert body_of(out)["code"] == "body_too_large"
     assert body_of(out)["outcome"] == "not_written"
+
+
+class Sink:
+    def __init__(self):
+        self.data = bytearray()
+        self.aborted = False
+
+    def write(self, b):
+        self.data += b
+
+    def abort(self):
+        self.aborted = True
+
+
+def test_a_streamed_body_goes_to_its_sink_whatever_its_bytes(served):
+    """body_sink (a transaction's file put): the body goes to the sink as it arrives, past
+    max_body_bytes, even a chunk starting with the TLS handshake byte (0x16) or looking
+    like a request line; the handler gets the request with the sink; a pipelined request
+    after it is served; a body cut short aborts the sink."""
+    sinks: list[Sink] = []
+
+    def body_sink(method, target, headers, length):
+        if not target.startswith("/up"):
+            return None
+        if target.startswith("/up/refuse"):
+            return Response(429, {"code": "no"})
+        sinks.append(Sink())
+        return sinks[-1]
+
+    s = served(body_sink=body_sink, max_body_bytes=100)
+    s.srv.handler = lambda req: Response(200, {"path": req.path, "sink": req.sink is not None,
+                                               "got": len(req.sink.data) if req.sink else -1,
+                                               "q": req.query})
+    body = b"\x16\x03\x01" + b"GET / HTTP/1.1\r\n\r\n" + bytes(range(256)) * 40
+    with connect(s.addr) as c:
+        c.sendall(b"POST /up?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+        time.sleep(0.2)                     # the head alone first: the body starts a read
+        c.sendall(body[:5000])
+        time.sleep(0.1)
+        c.sendall(body[5000:] + b"GET /after HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = read_all(c)
+    first, second = answer.split(b"HTTP/1.1 ")[1:3]
+    assert status_of(b"HTTP/1.1 " + first) == 200
+    assert body_of(b"HTTP/1.1 " + first) == {"path": "/up", "sink": True, "got": len(body),
+                                             "q": {"x": "1"}}
+    assert bytes(sinks[0].data) == body and not sinks[0].aborted
+    assert body_of(b"HTTP/1.1 " + second)["path"] == "/after"
+    with connect(s.addr) as c:      # refused before the body: answered, closed
+        c.sendall(b"POST /up/refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+        assert status_of(read_all(c)) == 429
+    with connect(s.addr) as c:      # cut short: the sink is aborted
+        c.sendall(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc")
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while not sinks[-1].aborted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sinks[-1].aborted and bytes(sinks[-1].data) == b"abc"

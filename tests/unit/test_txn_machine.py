@@ -205,3 +205,25 @@ def test_abort_kind():
     assert abort_kind("timeout: 60000 ms without commit") == "timeout"
     assert abort_kind("client") == "client"
     assert abort_kind("who knows") == "other"
+
+
+def test_files_record_round_trip_shares_seqs_and_abort_hands_back_the_batches():
+    entry = {"name": "f.parquet", "table": "cpu", "bucket": 0, "size": 10, "crc32c": 7}
+    rec = TxnRecord("files", 3, seq=2, round="0123456789abcdef", files=[entry])
+    assert decode_txn_payload(encode_txn_payload(rec), 9) == rec
+    for bad in ({"round": "XYZ", "files": [entry]}, {"round": "0123456789abcdef", "files": []},
+                {"round": "0123456789abcdef", "files": ["x"]}):
+        raw = b"VRB\x09" + json.dumps({"op": "files", "txn": 3, "seq": 1, **bad}).encode()
+        with pytest.raises(TxnPayloadError):
+            decode_txn_payload(raw, 9)
+    t = TxnTable()
+    begin(t, 1, "f")
+    batch = object()
+    out = t.apply(2, TxnRecord("files", 1, seq=0, round="0123456789abcdef", files=[entry]),
+                  batch, 1000, ("cpu",), 50)
+    assert out.txn.files == 1 and out.txn.file_bytes == 1000 and out.txn.rows == 50
+    assert t.staged_file_bytes() == 1000 and t.staged_bytes() == 0
+    assert rows(t, 3, 1, [["cpu", 1, {}]], seq=0).effect == IGNORED     # seq 0 is the file
+    done = op(t, 4, "abort", 1, reason="client: x")
+    assert done.batches == (batch,) and t.staged_file_bytes() == 0
+    assert done.txn.describe()["files"] == 1

@@ -38,7 +38,7 @@ REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized"
            408: "Request Timeout", 409: "Conflict", 411: "Length Required",
            413: "Content Too Large", 414: "URI Too Long", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
-           504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
+           504: "Gateway Timeout", 507: "Insufficient Storage", 505: "HTTP Version Not Supported"}
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     route: str = "none"    # set by the handler: the route pattern, for the request counts
+    sink: Any = None       # a streamed body (HttpServer's body_sink): `body` is then empty
 
 
 @dataclass
@@ -202,6 +203,11 @@ class HttpProtocol(asyncio.Protocol):
         self.write_paused_at: float | None = None   # the client stopped reading our answers
         self.target: str | None = None    # the request target being read (refusals' shape)
         self.linger_until: float | None = None  # answered and half-closed: see _reply_close
+        # A body streamed to a sink (HttpServer.body_sink) instead of buffered: the sink,
+        # the bytes still to come, and the request waiting for them.
+        self.sink: Any = None
+        self.sink_left = 0
+        self.sink_request: tuple[Request, bool] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -218,11 +224,36 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.conns.discard(self)
         self.closing = True
+        self._drop_sink()
+
+    def _drop_sink(self) -> None:
+        sink, self.sink, self.sink_request = self.sink, None, None
+        if sink is not None:
+            sink.abort()        # the body never came whole: nothing of it is kept
+
+    def _feed_sink(self, data: bytes | bytearray) -> int:
+        """Hand the streamed body its next bytes; how many it took. Once it has them all,
+        the request is handled (with `sink` set and an empty body)."""
+        n = min(len(data), self.sink_left)
+        if n:
+            self.sink.write(data if n == len(data) else data[:n])
+            self.sink_left -= n
+        if self.sink_left == 0:
+            req, keep = self.sink_request  # type: ignore[misc]
+            self.sink = self.sink_request = None
+            self.body_started = self.request_started = None
+            self._dispatch(req, keep)
+        return n
 
     def data_received(self, data: bytes) -> None:
         now = self.last_active = time.monotonic()
         if self.closing:
             return
+        if self.sink is not None and not self.buf:     # a streamed body's bytes, as they are
+            n = self._feed_sink(data)
+            if n == len(data):
+                return
+            data = data[n:]
         if not self.buf:
             if self.request_started is None:
                 self.request_started = now
@@ -262,6 +293,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _reply_close(self, resp: Response, linger: bool = True) -> None:
         self.closing = True
+        self._drop_sink()
         shape = self.server.shape_refusal
         if shape is not None and self.target is not None:
             resp = shape(self.target, resp)
@@ -371,6 +403,26 @@ class HttpProtocol(asyncio.Protocol):
                 self._reply_close(error(400, "bad_request", f"bad Content-Length {length_text[:20]!r}"))
                 return
             length = int(length_text)
+            keep = (headers.get("connection", "").lower() != "close" if version == "HTTP/1.1"
+                    else headers.get("connection", "").lower() == "keep-alive")
+            sink = srv.body_sink(method, target, headers, length) \
+                if srv.body_sink is not None and method == "POST" else None
+            if isinstance(sink, Response):     # refused before its body is read
+                self._reply_close(sink)
+                return
+            if sink is not None:               # streamed to the sink, not buffered
+                del buf[:end + 4]
+                self.target = None
+                path, _, qs = target.partition("?")
+                query = dict(parse_qsl(qs, keep_blank_values=True))
+                self.sink, self.sink_left = sink, length
+                self.sink_request = (Request(method, unquote(path), query, headers, b"",
+                                             sink=sink), keep)
+                self.body_started, self.body_length = time.monotonic(), length
+                del buf[:self._feed_sink(buf)]
+                if self.sink is not None:
+                    return
+                continue
             if length > srv.max_body_bytes:
                 self._reply_close(error(413, "body_too_large",
                                         f"body of {length} bytes is above max_body_bytes {srv.max_body_bytes}",
@@ -386,8 +438,6 @@ class HttpProtocol(asyncio.Protocol):
             del buf[:total]
             self.request_started = time.monotonic() if buf else None
             self.body_started = None
-            keep = (headers.get("connection", "").lower() != "close" if version == "HTTP/1.1"
-                    else headers.get("connection", "").lower() == "keep-alive")
             path, _, qs = target.partition("?")
             try:
                 query = dict(parse_qsl(qs, keep_blank_values=True, strict_parsing=False))
@@ -396,19 +446,23 @@ class HttpProtocol(asyncio.Protocol):
                 self._reply_close(error(400, "bad_request", f"bad query string: {exc}"))
                 return
             self.target = None
-            req = Request(method, path, query, headers, body)
-            try:
-                result = srv.handler(req)
-            except Exception as exc:  # a bug: answer 500, keep serving
-                log.exception("handler failed on %s %s", printable(method), printable(path))  # the client's text
-                result = error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
-            if isinstance(result, Response):
-                self._send(result, keep, req.route)
-                continue
-            self.busy = True
-            task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t, keep=keep, route=req.route: self._done(t, keep, route))
-            return
+            if not self._dispatch(Request(method, path, query, headers, body), keep):
+                return
+
+    def _dispatch(self, req: Request, keep: bool) -> bool:
+        """Handle a whole request; True if it was answered at once (the next may follow)."""
+        try:
+            result = self.server.handler(req)
+        except Exception as exc:  # a bug: answer 500, keep serving
+            log.exception("handler failed on %s %s", printable(req.method), printable(req.path))  # the client's text
+            result = error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
+        if isinstance(result, Response):
+            self._send(result, keep, req.route)
+            return True
+        self.busy = True
+        task = asyncio.ensure_future(result)
+        task.add_done_callback(lambda t, keep=keep, route=req.route: self._done(t, keep, route))
+        return False
 
     def _done(self, task: asyncio.Future, keep: bool, route: str) -> None:
         self.busy = False
@@ -446,8 +500,16 @@ class HttpServer:
                  max_connections: int, idle_timeout_ms: int, header_timeout_ms: int = 10_000,
                  body_timeout_ms: int = 10_000, token: bytes | None = None,
                  ssl_context: ssl.SSLContext | None = None,
-                 shape_refusal: Callable[[str, Response], Response] | None = None) -> None:
+                 shape_refusal: Callable[[str, Response], Response] | None = None,
+                 body_sink: Callable[[str, str, dict[str, str], int], Any] | None = None
+                 ) -> None:
         self.handler = handler
+        # body_sink(method, target, headers, length) for a POST once its headers are read:
+        # None (the body is buffered, up to max_body_bytes), a Response (refused at once,
+        # the connection closed) or a sink: `write(bytes)` takes the body as it arrives (no
+        # max_body_bytes), `abort()` if the connection ends first; the handler then gets
+        # the request with `sink` set (a file upload, docs/client-api.md §Transactions).
+        self.body_sink = body_sink
         # Refusals made before the handler sees a request (401, 413, ...) pass through
         # shape_refusal(target, response) when given: InfluxDB's routes answer in
         # InfluxDB's error shape (vrepl/node/influx.py).

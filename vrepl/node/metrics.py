@@ -109,6 +109,9 @@ class NodeCollector:
                                      " (timeout, client, other)", labels=["vgroup", "reason"])
         staged = GaugeMetricFamily("vrepl_txn_staged_bytes", "Bytes of rows staged by open"
                                    " transactions", labels=["vgroup"])
+        staged_files = GaugeMetricFamily("vrepl_txn_staged_file_bytes", "Bytes of Parquet"
+                                         " files staged by open transactions (on disk)",
+                                         labels=["vgroup"])
         refused = CounterMetricFamily("vrepl_txn_refusals", "Transaction steps refused by this"
                                       " master, by code", labels=["vgroup", "code"])
         lag = GaugeMetricFamily("vrepl_txn_visible_lag_seconds", "From a commit record's forward"
@@ -124,13 +127,14 @@ class NodeCollector:
             for reason, n in sorted(st["aborts"].items()):
                 aborts.add_metric([v, reason], n)
             staged.add_metric([v], st["staged_bytes"])
+            staged_files.add_metric([v], st["staged_file_bytes"])
             for code, n in sorted(st["refusals"].items()):
                 refused.add_metric([v, code], n)
             for stat in ("p50", "max"):
                 ms = st[f"visible_lag_ms_{stat}"]
                 if ms is not None:
                     lag.add_metric([v, stat], ms / 1000.0)
-        yield from (states, aborts, staged, refused, lag)
+        yield from (states, aborts, staged, staged_files, refused, lag)
 
     def _vgroups(self) -> Iterator[Metric]:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:

@@ -24,6 +24,7 @@ Routes (each request is counted under its route pattern, docs/operations.md §Me
     GET  /v1/vgroups/{id}/txn[?open=1]                the vgroup's transactions (any replica)
     GET  /v1/vgroups/{id}/txn/{txn}                   one transaction (id, or label:<label>)
     POST /v1/vgroups/{id}/txn/{txn}/rows[?seq=S]      body: JSON rows, staged in the transaction
+    POST /v1/vgroups/{id}/txn/{txn}/file?table=T&seq=S[&crc32c=C]  body: a Parquet file (streamed)
     POST /v1/vgroups/{id}/txn/{txn}/precommit|commit|abort   (docs/client-api.md §Transactions)
     GET  /metrics                                     Prometheus text format (vrepl/node/metrics.py)
 
@@ -42,6 +43,7 @@ import signal
 import threading
 import time
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import vrepl
 from vrepl.dirlock import DirLock, lock_dir
@@ -70,7 +72,7 @@ ROUTE_INGEST = "/v1/vgroups/{id}/ingest"
 ROUTE_TXNS = "/v1/vgroups/{id}/txn"
 ROUTE_TXN = "/v1/vgroups/{id}/txn/{txn}"
 ROUTE_TXN_STEP = "/v1/vgroups/{id}/txn/{txn}/{step}"
-TXN_STEPS = ("rows", "precommit", "commit", "abort")
+TXN_STEPS = ("rows", "file", "precommit", "commit", "abort")
 ROUTE_METRICS = "/metrics"
 ROUTE_INFLUX_V1 = influx.ROUTE_V1_WRITE
 ROUTE_INFLUX_V2 = influx.ROUTE_V2_WRITE
@@ -164,6 +166,7 @@ class Node:
                                    header_timeout_ms=h.header_timeout_ms,
                                    body_timeout_ms=h.body_timeout_ms, token=h.token,
                                    shape_refusal=influx.shape_refusal,
+                                   body_sink=self._body_sink,
                                    ssl_context=(server_ssl_context(h.tls_cert, h.tls_key)
                                                 if h.tls_cert and h.tls_key else None))
             self.metrics.http = self.http
@@ -286,6 +289,19 @@ class Node:
             return self._ship_owners(parts[2], req)
         return error(404, "no_route", f"no route {req.path[:100]!r}: see docs/client-api.md")
 
+    def _body_sink(self, method: str, target: str, headers: dict[str, str], length: int):
+        """A transaction's file put streams its body to disk (vrepl/node/txnfile.py): the
+        sink, or a refusal before the body is read; None for every other request."""
+        path, _, qs = target.partition("?")
+        parts = path.strip("/").split("/")
+        if len(parts) != 6 or parts[:2] != ["v1", "vgroups"] or parts[3] != "txn" \
+                or parts[5] != "file":
+            return None
+        vg = self._vgroup(parts[2])
+        if isinstance(vg, Response):
+            return vg
+        return vg.txns.files.sink(unquote(parts[4]), dict(parse_qsl(qs)), length)
+
     def _txn(self, parts: list[str], req: Request):
         """The transaction routes (docs/client-api.md §Transactions, vrepl/node/txnhost.py)."""
         req.route = (ROUTE_TXNS, ROUTE_TXN, ROUTE_TXN_STEP)[len(parts) - 4]
@@ -309,6 +325,10 @@ class Node:
         key, step = parts[4], parts[5]
         if step == "rows":
             return vg.txns.put(key, req.body, req.query.get("seq"))
+        if step == "file":
+            if req.sink is None:
+                return error(400, "bad_txn", "a file put has a body (the Parquet file)")
+            return vg.txns.files.put(key, req.query, req.sink)
         if step == "abort":
             return vg.txns.abort(key, req.body)
         return vg.txns.precommit(key) if step == "precommit" else vg.txns.commit(key)

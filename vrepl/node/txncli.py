@@ -19,14 +19,15 @@ from vrepl.client import Client
 from vrepl.errors import BadRequestError, ClientError, CliError
 from vrepl.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_PEER
 
-COLUMNS = ("txn", "label", "state", "tables", "rows", "bytes", "age_s", "waits_on")
+COLUMNS = ("txn", "label", "state", "tables", "rows", "bytes", "files", "file_bytes", "age_s",
+           "waits_on")
 
 
 def add_parsers(sub: Any, access_options: Any, run: Any) -> None:
     """`run(args)`: the command (cli.py's, which adds the token/TLS access to cmd_txn)."""
     t = sub.add_parser("txn", help="list, show or abort a vgroup's transactions",
                        description="The transactions of a vgroup (docs/transactions.md): their"
-                       " state, tables, rows, bytes, age and what each waits on.",
+                       " state, tables, rows, bytes, files, age and what each waits on.",
                        epilog="exit codes: 0 done, 1 refused (no such transaction, abort of a"
                        " visible one), 2 usage, 4 node unreachable or failing."
                        " docs: docs/transactions.md")

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from vrepl.killpoints import killpoint, register
 from vrepl.node.config import NodeConfig
 from vrepl.node.http import Response, error
+from vrepl.node.txnfile import TxnFiles
 from vrepl.replica import ConfirmStatus, invariant
 from vrepl.sync import FlowControlError, NotRunningError, SyncInstance
 from vrepl.txn.machine import (ABORTED, ABORTED_NOW, BEGUN, COMMITTED, IGNORED,
@@ -57,7 +58,9 @@ class TxnNodeHost(Protocol):
 
     id: int
     node_id: int
+    path: str
     node_cfg: NodeConfig
+    rounds: Any     # vrepl/node/ingest.py Rounds: the ingest executor, staging jobs
     vnode: Vnode | None
     sync: SyncInstance | None
     loop: asyncio.AbstractEventLoop | None
@@ -96,6 +99,7 @@ class Txns:
         self.commit_started: dict[int, float] = {}      # txn -> when its commit was forwarded
         self.visible_lag_ms: list[float] = []           # commit forwarded -> VISIBLE, recent
         self.refusals: Counter[str] = Counter()
+        self.files = TxnFiles(self)                     # master: file puts (txnfile.py)
 
     @property
     def cfg(self):
@@ -215,6 +219,8 @@ class Txns:
         if outcome.effect == BEGUN:
             self.deadlines[t.id] = time.monotonic() + t.timeout_ms / 1000
         elif outcome.effect in (PUBLISHED, ABORTED_NOW):
+            if t.files:     # its files records' staging jobs end (the TxnRound's go on)
+                self.host.rounds.resume()
             self.deadlines.pop(t.id, None)
             started = self.commit_started.pop(t.id, None)
             if started is not None and outcome.effect == PUBLISHED:
@@ -463,8 +469,8 @@ class Txns:
             del self.finishing[t.id]
             fut.set_result(version)
 
-    async def _step(self, payload: bytes, what: str, kp: str, kp_forwarded: str | None = None
-                    ) -> Response:
+    async def _step(self, payload: bytes, what: str, kp: str, kp_forwarded: str | None = None,
+                    patient: bool = False) -> Response:
         try:
             version, fut = self._send(payload)
         except FlowControlError as exc:
@@ -473,12 +479,19 @@ class Txns:
             return self._refuse(503, "not_running", str(exc))
         if kp_forwarded is not None:
             killpoint(kp_forwarded)
-        return await self._answer_step(version, fut, what, kp)
+        return await self._answer_step(version, fut, what, kp, patient)
 
-    async def _answer_step(self, version: int, fut: asyncio.Future, what: str, kp: str
-                           ) -> Response:
-        """A forwarded record's answer, once its outcome is known."""
+    async def _answer_step(self, version: int, fut: asyncio.Future, what: str, kp: str,
+                           patient: bool = False) -> Response:
+        """A forwarded record's answer, once its outcome is known. `patient` (a files
+        record): the replicas acknowledge it only once they fetched its files, often after
+        the sync layer's forward timeout; it is in the log and commits with a later record,
+        so wait (nudging with no-ops, as ingest does) until `write_timeout_ms`."""
+        host = self.host
+        epoch, deadline = host.epoch, host.loop.time() + host.node_cfg.http.write_timeout_ms / 1000  # type: ignore[union-attr]
         status, outcome = await self._outcome(fut)
+        if patient and status == ConfirmStatus.TIMED_OUT and outcome is not None:
+            status = await host.rounds._await_commit(version, epoch, deadline)
         if status != ConfirmStatus.OK or outcome is None:
             return self._unknown(status, version, what)
         killpoint(kp)
@@ -489,6 +502,11 @@ class Txns:
                          f" {outcome.reason}", outcome="written", version=version)
         if outcome.effect == PUBLISHED:
             self.host._maybe_flush()
+            if outcome.txn is not None and outcome.txn.files:
+                # Its files and rows are visible here once a flush archives them (a flush
+                # point, due at once): answer then, so the loader reads its load.
+                await self.host.rounds._wait_applied(
+                    version, self.host.node_cfg.http.write_timeout_ms / 1000)
         invariant(outcome.effect in (BEGUN, STAGED, SEALED, PUBLISHED, ABORTED_NOW)
                   and outcome.txn is not None, "an applied record names its transaction")
         return self._answer(outcome.txn, version=version)

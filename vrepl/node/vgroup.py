@@ -52,6 +52,7 @@ log = logging.getLogger("vrepl.node")
 # Statuses after which the record IS in this node's WAL (docs/embedding.md: NOT_MASTER means
 # "version not consumed"; FAILED during stop() may be a record never appended, see _confirm).
 _IN_LOG = (ConfirmStatus.OK, ConfirmStatus.TIMED_OUT, ConfirmStatus.FAILED)
+TXN_ROWS_PREFIX = b'VRB\x09{"op":"rows"'   # a transaction's rows record: no files to stage
 
 STOP_JOIN_S = 10.0                  # how long stop() waits for a self-restore to give up
 
@@ -243,6 +244,10 @@ class VgroupHost(VgroupClientApi, VgroupSelfRestore):
                 return
             if payload[3:4] == b"\x08" and is_ingest_payload(payload):
                 self.rounds.on_record(version)     # stage the round's files if missing here
+            elif payload[3:4] == b"\x09" and not payload.startswith(TXN_ROWS_PREFIX):
+                # A transaction's files record (stage its files), publish or abort (its
+                # records' staging jobs end): docs/transactions.md §4.1.
+                self.rounds.resume()
         # Acks are cumulative: nothing at or above a round whose files are not staged here
         # yet (docs/vnode.md §9.3); staging it acks the rest (Rounds._staged).
         bound = self.rounds.ack_bound(last)

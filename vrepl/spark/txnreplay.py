@@ -70,6 +70,8 @@ class TxnReplay:
         out = self.table.apply(version, rec, batch, 0, ())
         if out.effect == PUBLISHED:
             for b in out.batches:
+                if b is None:       # a "files" batch: its rows are in files, not replayed here
+                    continue
                 for table, ts, values in b:
                     rows[(table, ts)] = (version, epoch, values)
 

@@ -15,6 +15,7 @@ MIB = 1024 * 1024
 class TxnConfig:
     max_running: int = 100  # open (PREPARE or PRECOMMITTED) per vgroup
     max_staged_bytes: int = 256 * MIB  # rows staged by open transactions, per vgroup
+    max_staged_file_bytes: int = 16 * 1024 * MIB  # Parquet files staged by open ones (disk)
     timeout_ms: int = 60_000  # default: abort a transaction still open after
     max_timeout_ms: int = 3_600_000  # the largest timeout_ms a begin may ask for
     label_retention_ms: int = 3_600_000  # finished labels answered this long (1 h)

@@ -54,7 +54,9 @@ class Txn:
     reason: str = ""
     tables: set[str] = field(default_factory=set)
     rows: int = 0
-    bytes: int = 0
+    bytes: int = 0  # staged rows' JSON bytes (held in memory by every replica)
+    files: int = 0  # staged Parquet files ("files" records) and their bytes (on disk)
+    file_bytes: int = 0
     batches: list[Any] = field(default_factory=list)  # staged batches (the vnode's objects)
     seqs: set[int] = field(default_factory=set)  # the batches' seq numbers
     last_version: int = 0  # its newest record applied
@@ -75,6 +77,8 @@ class Txn:
             "tables": sorted(self.tables),
             "rows": self.rows,
             "bytes": self.bytes,
+            "files": self.files,
+            "file_bytes": self.file_bytes,
             "begin_version": self.id,
             "begin_at_ms": self.begin_at_ms,
             "timeout_ms": self.timeout_ms,
@@ -88,7 +92,8 @@ class Txn:
 class Outcome:
     """What applying one record did: `effect` (BEGUN, STAGED, SEALED, PUBLISHED, ABORTED_NOW,
     IGNORED), the transaction it concerns (None: unknown id), the reason when IGNORED, and,
-    for PUBLISHED, the staged batches to apply at the record's version. `duplicate`: an
+    for PUBLISHED, the staged batches to apply at the record's version (for ABORTED_NOW: the
+    batches dropped, so the vnode removes the files they staged). `duplicate`: an
     IGNORED step that was already done (a repeated begin, batch seq, pre-commit, commit of a
     VISIBLE or abort of an ABORTED transaction): its answer is the transaction as it is."""
 
@@ -119,10 +124,17 @@ class TxnTable:
 
     # -- applying records -------------------------------------------------------------------
     def apply(
-        self, version: int, rec: TxnRecord, batch: Any = None, nbytes: int = 0, tables: Iterable[str] = ()
+        self,
+        version: int,
+        rec: TxnRecord,
+        batch: Any = None,
+        nbytes: int = 0,
+        tables: Iterable[str] = (),
+        nrows: int | None = None,
     ) -> Outcome:
         """Apply the record at `version`. A "rows" record passes the vnode's checked batch,
-        its bytes and its tables. Never raises for an expected condition (an unknown or
+        its bytes and its tables; a "files" record its staged files (the vnode's object),
+        their bytes, tables and rows (`nrows`). Never raises for an expected condition (an unknown or
         finished transaction, a duplicate label): the record is IGNORED with the reason,
         identically on every replica."""
         if version <= self.applied_version:
@@ -139,15 +151,20 @@ class TxnTable:
             why = f"transaction {t.id} is {t.state}" + (f" ({t.reason})" if t.reason else "")
             return Outcome(IGNORED, t, why, duplicate=done)
         t.last_version = version
-        if rec.op == "rows":
+        if rec.op in ("rows", "files"):
             if t.state != PREPARE:
                 return Outcome(IGNORED, t, f"transaction {t.id} is {t.state}: it takes no more rows")
             if rec.seq in t.seqs:
                 return Outcome(IGNORED, t, f"batch {rec.seq} of transaction {t.id} is already staged", duplicate=True)
             t.seqs.add(rec.seq)
             t.batches.append(batch)
-            t.bytes += nbytes
-            t.rows += len(batch) if batch is not None else 0
+            if rec.op == "files":
+                t.files += len(rec.files)
+                t.file_bytes += nbytes
+                t.rows += nrows or 0
+            else:
+                t.bytes += nbytes
+                t.rows += len(batch) if batch is not None else 0
             t.tables.update(tables)
             return Outcome(STAGED, t)
         if rec.op == "precommit":
@@ -161,10 +178,11 @@ class TxnTable:
             self._finish(t, VISIBLE, version, rec.at_ms, "")
             return Outcome(PUBLISHED, t, batches=batches)
         invariant(rec.op == "abort", "record ops are checked on decode")
+        batches = tuple(t.batches)  # the vnode removes the staged files they name
         t.batches, t.seqs = [], set()
         self._finish(t, ABORTED, version, rec.at_ms, rec.reason or "aborted")
         self.aborts[abort_kind(t.reason)] += 1
-        return Outcome(ABORTED_NOW, t)
+        return Outcome(ABORTED_NOW, t, batches=batches)
 
     def _begin(self, version: int, rec: TxnRecord) -> Outcome:
         if rec.txn != version:
@@ -227,6 +245,9 @@ class TxnTable:
     def staged_bytes(self) -> int:
         return sum(t.bytes for t in self.open.values())
 
+    def staged_file_bytes(self) -> int:
+        return sum(t.file_bytes for t in self.open.values())
+
     def flush_limit(self, limit: int) -> int:
         """The highest version a flush may archive, given `limit` (docs/transactions.md §4):
         never past the begin of a transaction that is not finished at the cut, since after
@@ -283,6 +304,8 @@ class TxnTable:
                 tables=set(d["tables"]),
                 rows=d["rows"],
                 bytes=d["bytes"],
+                files=d.get("files", 0),
+                file_bytes=d.get("file_bytes", 0),
                 last_version=d["finish_version"],
                 finish_version=d["finish_version"],
                 finish_at_ms=d["finish_at_ms"],

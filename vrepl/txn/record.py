@@ -8,13 +8,17 @@ Must not: do I/O or know about the vnode, the node or the state machine.
     format 9: "VRB" | 0x09 | UTF-8 JSON object
       {"op": "begin", "txn": N, "label": L, "timeout_ms": T, "at_ms": A}
       {"op": "rows", "txn": N, "seq": S, "rows": [[table, ts, {column: value}], ...]}
+      {"op": "files", "txn": N, "seq": S, "round": R, "files": [<format-8 file entry>, ...]}
       {"op": "precommit", "txn": N, "at_ms": A}
       {"op": "commit", "txn": N, "at_ms": A}            the publish record
       {"op": "abort", "txn": N, "reason": R, "at_ms": A}
 
 `seq` names the batch within its transaction (the loader's choice, e.g. a Spark partition
 id): a second batch with a seq already staged is ignored, so a retried or speculative put
-never stages rows twice. `txn` is the version of the transaction's begin record (so a begin record's txn is its own
+never stages rows twice (a "files" batch shares the seq numbers). A "files" record stages
+whole Parquet files: `round` names their staging directory on every replica (16 lowercase
+hex digits, `ingest/staged/<round>/<k>.parquet`) and each entry is a format-8 file entry
+(docs/vnode.md §9.2), checked by the vnode, carried here as it is. `txn` is the version of the transaction's begin record (so a begin record's txn is its own
 version: the master knows it when it forwards); `at_ms` is the master's wall clock when it
 wrote the record (labels' retention is measured on it, so every replica prunes alike).
 """
@@ -31,7 +35,9 @@ from vrepl.errors import TxnPayloadError
 MAGIC = b"VRB"
 TXN_FORMAT = 9
 HEADER = MAGIC + bytes([TXN_FORMAT])
-OPS = ("begin", "rows", "precommit", "commit", "abort")
+OPS = ("begin", "rows", "files", "precommit", "commit", "abort")
+ROUND_RE = re.compile(r"[0-9a-f]{16}")
+MAX_FILES = 1000
 LABEL_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 LABEL_RULE = "[A-Za-z0-9_.:-]{1,128}"
 REASON_MAX = 200
@@ -48,12 +54,15 @@ class TxnRecord:
     reason: str = ""
     rows: list[Any] = field(default_factory=list)
     seq: int = 0
+    round: str = ""
+    files: list[Any] = field(default_factory=list)  # "files": format-8 entries (JSON objects)
 
     def describe(self) -> str:
         """One stable line (logs, `vrepl wal dump`)."""
         extra = {
             "begin": f" label={self.label} timeout_ms={self.timeout_ms}",
             "rows": f" seq={self.seq} rows={len(self.rows)}",
+            "files": f" seq={self.seq} round={self.round} files={len(self.files)}",
             "abort": f" reason={self.reason!r}",
         }
         return f"txn {self.txn} {self.op}{extra.get(self.op, '')}"
@@ -75,6 +84,8 @@ def encode_txn_payload(rec: TxnRecord) -> bytes:
         doc.update(label=rec.label, timeout_ms=rec.timeout_ms, at_ms=rec.at_ms)
     elif rec.op == "rows":
         doc.update(seq=rec.seq, rows=rec.rows)
+    elif rec.op == "files":
+        doc.update(seq=rec.seq, round=rec.round, files=rec.files)
     else:
         doc["at_ms"] = rec.at_ms
         if rec.op == "abort":
@@ -120,6 +131,17 @@ def decode_txn_payload(payload: bytes | memoryview, version: int | None = None) 
             if not isinstance(rows, list) or not rows:
                 raise ValueError("rows is not a non-empty array")
             return TxnRecord(op, txn, rows=rows, seq=_int(doc, "seq"))
+        if op == "files":
+            rid, files = doc.get("round"), doc.get("files")
+            if type(rid) is not str or ROUND_RE.fullmatch(rid) is None:
+                raise ValueError("round is not 16 lowercase hex digits")
+            if (
+                not isinstance(files, list)
+                or not 1 <= len(files) <= MAX_FILES
+                or not all(isinstance(f, dict) for f in files)
+            ):
+                raise ValueError(f"files is not an array of 1..{MAX_FILES} objects")
+            return TxnRecord(op, txn, seq=_int(doc, "seq"), round=rid, files=files)
         reason = doc.get("reason", "")
         if type(reason) is not str or len(reason) > REASON_MAX:
             raise ValueError(f"reason is not a string of at most {REASON_MAX} characters")

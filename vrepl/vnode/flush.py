@@ -174,8 +174,19 @@ class VnodeFlush:
                                 ingest.epoch if ingest is not None else 0)
                     schemas = copy.deepcopy(self._schemas)
                 try:
-                    if mem is not None:
-                        step, superseded, files = self._write_files(mem, old, cut, schemas)
+                    wmem = mem
+                    # A published transaction's inline rows (docs/transactions.md §4.1) go
+                    # into this step's files from a memtable no query reads: they become
+                    # visible with the transaction's files, in the same manifest commit.
+                    held = getattr(ingest.record, "held_rows", ()) if ingest is not None else ()
+                    if held:
+                        wmem = Memtable()
+                        wmem.apply(ingest.version, ingest.epoch, held, self._clock(), None,
+                                   schemas)
+                        if mem is not None:
+                            wmem = self._merge_back(mem, wmem, schemas)
+                    if wmem is not None:
+                        step, superseded, files = self._write_files(wmem, old, cut, schemas)
                     else:
                         step, superseded, files = [], [], list(old.files)
                     if ingest is not None:
@@ -208,8 +219,8 @@ class VnodeFlush:
                     killpoint(KP_APPLY_MANIFEST)
                     # Durable in the manifest: the staged copies may go (a crash before this
                     # leaves them to clean_staging at the next open).
-                    shutil.rmtree(S.staged_round_path(self.path, ingest.record.round),
-                                  ignore_errors=True)
+                    for rid in getattr(ingest.record, "staged_rounds", (ingest.record.round,)):
+                        shutil.rmtree(S.staged_round_path(self.path, rid), ignore_errors=True)
                     killpoint(KP_APPLY_CLEANUP)
         if wal is not None and archived:
             wal.recycle(archived + 1)

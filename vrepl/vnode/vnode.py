@@ -44,7 +44,7 @@ from vrepl.vnode.query import QUERY_RETRIES, VnodeQuery
 from vrepl.vnode.restoreinfo import WAL_DIR, FileInfo, VnodeRestoreInfo, WalInfo
 from vrepl.txn.machine import Outcome
 from vrepl.txn.record import is_txn_payload
-from vrepl.vnode.txnapply import DEFAULT_LABEL_RETENTION_MS, VnodeTxns
+from vrepl.vnode.txnapply import DEFAULT_LABEL_RETENTION_MS, TxnRound, VnodeTxns, round_columns
 from vrepl.wal import WalReader, inspect  # read only: the WAL is the sync's
 
 MSG_TYPE_DATA = 1            # vrepl.wal.MSG_TYPE_DATA: records the vnode decodes
@@ -342,7 +342,10 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
     def _apply_txn(self, version: int, epoch: int, payload: bytes) -> Outcome:
         """(lock held) A transaction step: staged rows stay out of the memtable; the publish
         (commit record) appends every staged batch at its version, in this one step."""
-        out, added, rows, nbytes = self.txns.apply(version, payload, self._schemas)
+        out, added, rows, nbytes, files = self.txns.apply(version, epoch, payload, self._schemas,
+                                                          self.path)
+        if files is not None:       # a published transaction with files: a flush point
+            self._ingests[version] = files
         if rows:
             self._apply_locked(version, epoch, rows, added, nbytes)
         else:
@@ -355,17 +358,7 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
         """(lock held) A round's record: check its columns against the schemas, take its
         version, and remember it until a flush archives it (docs/vnode.md §9.3)."""
         rec = S.decode_ingest_payload(payload, version)
-        added: dict[str, dict[str, str]] = {}
-        for table, cols in rec.columns().items():
-            known = self._schemas.get(table, {})
-            for col, typ in cols.items():
-                have = known.get(col) or added.get(table, {}).get(col)
-                if have is None:
-                    added.setdefault(table, {})[col] = typ
-                elif not R.type_accepts(have, typ):
-                    raise ApplyError(f"version {version}: cannot apply: column {col!r} of"
-                                     f" table {table!r} is {have}, the round's file has {typ}"
-                                     f" (a column's type cannot change)")
+        added = round_columns(self._schemas, rec, version)
         self._add_columns(added)
         staged = not S.missing_staged(self.path, rec)
         self._ingests[version] = PendingIngest(version, epoch, rec, staged)
@@ -374,23 +367,34 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
 
     # -- rounds of ingested files (docs/vnode.md §9) ----------------------------------------
     def pending_ingests(self) -> list[PendingIngest]:
-        """Rounds whose record is applied but not yet archived, in version order."""
+        """Rounds whose record is applied but not yet archived, in version order, whose
+        files the node stages: format-8 rounds and transactions' "files" records (a
+        published transaction's TxnRound is staged by those records' jobs)."""
         with self._lock:
-            return list(self._ingests.values())
+            out = [p for p in self._ingests.values() if not isinstance(p.record, TxnRound)]
+            return sorted(out + list(self.txns.rounds.values()), key=lambda p: p.version)
 
     def pending_ingest(self, version: int) -> PendingIngest | None:
         with self._lock:
-            return self._ingests.get(version)
+            p = self._ingests.get(version) or self.txns.rounds.get(version)
+            return None if p is None or isinstance(p.record, TxnRound) else p
 
     def first_unstaged_ingest(self) -> int | None:
         """The version of the first pending round whose files are not all staged, or None."""
         with self._lock:
-            return next((v for v, p in self._ingests.items() if not p.staged), None)
+            return min((v for d in (self._ingests, self.txns.rounds) for v, p in d.items()
+                        if not p.staged), default=None)
 
     def ingest_staged(self, version: int) -> bool:
         """Check again whether every file of the round at `version` is staged (the node
         staged the missing ones); True if so (or if it is no longer pending)."""
         with self._lock:
+            staged = self.txns.refresh(version, self.path)
+            for p in self._ingests.values():    # a transaction's files serve its TxnRound
+                if not p.staged and isinstance(p.record, TxnRound):
+                    p.staged = not S.missing_staged(self.path, p.record)
+            if staged is not None:
+                return staged
             p = self._ingests.get(version)
             if p is None:
                 return True
@@ -496,7 +500,9 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
                     self.write_to_cache(rec.version, rec.epoch, rec.payload, rec.msg_type)
                     n += 1
             if clean_staging:
-                S.clean_staging(self.path, {p.record.round for p in self._ingests.values()})
+                keep = {r for p in self._ingests.values()
+                        for r in getattr(p.record, "staged_rounds", (p.record.round,))}
+                S.clean_staging(self.path, keep | self.txns.staged_rounds())
             return n
 
     def rebuild(self, wal_dir: str | None = None) -> int:
