@@ -743,6 +743,41 @@ def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, 
         recv.close()
 
 
+@pytest.mark.parametrize("err, code", [("ENOSPC", 6), ("EIO", 4)])
+def test_a_failed_fsync_of_the_staged_files_fails_the_round_and_the_next_round_loads(
+        tmp_path, edge, monkeypatch, err, code):
+    """The receiving master's fsync of the round's staged files fails (VREPL_FAULT_STAGE_FSYNC,
+    docs/vnode.md §9.5: a full disk or a failing device at fsync): the round fails with a
+    clear error (ENOSPC: disk_full, exit 6; EIO: exit 4), no record was forwarded (no row
+    visible, nothing left in the staging area), and the next round loads the files."""
+    edge.write(gen_rows(["cpu", "mem"], 3000))
+    recv = receiver(tmp_path, 1)
+    try:
+        recv.kill(1, signal.SIGTERM)
+        monkeypatch.setenv("VREPL_FAULT_STAGE_FSYNC", err)
+        recv.start(1)
+        monkeypatch.delenv("VREPL_FAULT_STAGE_FSYNC")
+        recv.wait_master()
+        p = ship(edge, recv, "--once", "--retries", "0")
+        assert p.returncode == code, (p.returncode, p.stderr)
+        why = "No space left on device" if err == "ENOSPC" else "Input/output error"
+        assert why in p.stderr and "nothing of the batch was loaded" in p.stderr, p.stderr
+        assert receiver_rows(recv, 1, ["cpu", "mem"]) == {"cpu": [], "mem": []}
+        assert archive_keys(node_vg(recv, 1), True) == []
+        vg = node_vg(recv, 1)
+        for sub in ("ingest/incoming", "ingest/staged"):
+            d = os.path.join(vg, sub)
+            assert not os.path.isdir(d) or [f for _, _, fs in os.walk(d) for f in fs] == [], sub
+        p = ship(edge, recv, "--once")       # the fault fired once: the disk has room again
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["cpu", "mem"]) == edge.rows(["cpu", "mem"])
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == []
+        assert sender_leftovers(edge) == []
+    finally:
+        recv.close()
+
+
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()[0] == "T"

@@ -71,7 +71,6 @@ from vrepl.ship.stream import ShipStream
 from vrepl.transport import codec
 from vrepl.vnode.files import write_atomic
 from vrepl.vnode.rows import COLUMN_NAME_RE, TABLE_NAME_RE, TYPE_NAMES, type_accepts
-from vrepl.vnode.staging import MAX_ROUND_FILES
 
 if TYPE_CHECKING:
     pass
@@ -105,6 +104,7 @@ class Session(SessionLoading):
         self.log: SyncLog | None = None
         self.bytes_in = 0
         self.archived: set[Key] | None = None  # keys of this sender's archived files
+        self._init_loader()
 
     def run(self) -> None:
         uuid = None
@@ -148,6 +148,7 @@ class Session(SessionLoading):
             self._note_error(repr(exc))
             self.stream.send_error(ERR_LOAD, f"receiver error: {exc!r}")
         finally:
+            self._stop_loader()  # before sync.log closes: the loader syncs it
             if self.log is not None:
                 self.log.close()
             if uuid is not None:
@@ -236,6 +237,8 @@ class Session(SessionLoading):
             else:
                 raise self.refuse(ERR_PROTOCOL, f"unexpected {msg.describe()}")
             msg = self.stream.recv()
+        self._stop_loader()
+        self._raise_load_error()
         end: P.End = msg  # type: ignore[assignment]
         if end.offered != len(self.offers) or end.deleted != len(self.deleted):
             raise self.refuse(
@@ -351,6 +354,7 @@ class Session(SessionLoading):
             # answered "held", never loaded twice. Read once per round.
             self.archived = set(self.sd.archive(self.vg.vnode))
         items = []
+        held: list[int] = []
         for e in msg.entries:
             why = entry_refusal(e)
             if why:
@@ -362,11 +366,11 @@ class Session(SessionLoading):
             if e.key in fl.entries or e.key in self.archived:
                 items.append((e.index, P.WANT_LOADED, 0))
                 self._log_received(e)
-                self.received.append(e.index)
+                held.append(e.index)
             elif os.path.exists(path):
                 items.append((e.index, P.WANT_RECEIVED, 0))
                 self._log_received(e)
-                self.received.append(e.index)
+                held.append(e.index)
             else:
                 try:
                     have = os.path.getsize(path + PART_SUFFIX)
@@ -374,8 +378,8 @@ class Session(SessionLoading):
                     have = 0
                 items.append((e.index, P.WANT_SEND, have if have <= e.size else 0))
         self.stream.send(P.Want(tuple(items)))
-        if len(self.received) >= MAX_ROUND_FILES:
-            self._load_received()
+        for i in held:
+            self._received(i)
 
     def _log_received(self, e: P.FileEntry) -> None:
         if self.log is None:
@@ -449,7 +453,5 @@ class Session(SessionLoading):
         if self.status is not None:
             self.status.files_behind = max(0, self.status.files_behind - 1)
         killpoint(KP_RECEIVED)
-        self.received.append(msg.index)
         self.stream.send(P.Result(msg.index, P.RESULT_OK))
-        if len(self.received) >= MAX_ROUND_FILES:
-            self._load_received()
+        self._received(msg.index)
