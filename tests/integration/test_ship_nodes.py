@@ -11,6 +11,7 @@ sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -215,6 +216,39 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
         st = recv.status(master)["ship_senders"]
         assert len(st) == 1 and st[0]["sender_id"] == 7 and st[0]["last_error"] == ""
         assert st[0]["files"] == 5
+    finally:
+        recv.close()
+
+
+def test_a_large_round_loads_while_receiving_and_a_replacement_waits_for_its_deletion(tmp_path, edge):
+    """A round of more files than a loader batch (docs/ship.md §3.3) is loaded by several
+    ingest records while it is received; a file that replaces a deleted one (a flush on the
+    sender merged new rows into an old bucket) is not among them: it goes in the last
+    record, the one that removes the superseded file."""
+    first = [f"a{k}" for k in range(8)]   # offered first (sorted by key)
+    edge.write(gen_rows(first, 20))
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        new = [f"z{k}" for k in range(200)]
+        edge.write(gen_rows(["a0"], 5, ts0=1000) + gen_rows(new, 3))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "201 of 201 new files loaded" in p.stdout and "1 of 1 deletions applied" in p.stdout, p.stdout
+        with open(os.path.join(recv.nodes[1].dir, "node.log")) as fh:
+            records = [(int(v), int(a), int(r)) for a, r, v in re.findall(
+                r"ship [0-9a-f]{32} vg1: (\d+) files loaded, (\d+) removed by record v(\d+)", fh.read())]
+        removing = [v for v, _, r in records if r]
+        assert len(removing) == 1 and max(v for v, _, _ in records) == removing[0], records
+        m = read_manifest_of(node_vg(recv, 1))
+        version = {f.table: f.ingest_version for f in m.files}
+        assert version["a0"] == removing[0]                       # left with its deletion
+        assert min(version[t] for t in new) < removing[0], records  # loaded while receiving
+        tables = first + new
+        assert receiver_rows(recv, 1, tables) == edge.rows(tables)
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == [] and sender_leftovers(edge) == []
     finally:
         recv.close()
 

@@ -107,6 +107,7 @@ class SessionLoading:
     _load_log_lock: threading.Lock
     _load_error: BaseException | None
     _held_back: set[tuple[str, int]]
+    _for_end: list[int]
 
     def refuse(self, code: int, reason: str) -> Refused:
         """The refusal to raise (counted in vrepl_ship_refusals_total by its error name)."""
@@ -120,19 +121,25 @@ class SessionLoading:
         self._loaders = []
         self._loader_stop = False
         self._load_log_lock = threading.Lock()
-        self._load_error: BaseException | None = None
-        self._held_back: set[tuple[str, int]] = set()
+        self._load_error = None
+        self._held_back = set()
+        self._for_end = []  # received offers only the END load may take (held back)
 
     def _received(self, index: int) -> None:
         """(session thread) Offer `index` is verified in data/ (its sync.log line written)
         or held already: it joins the next load. The loader threads start with the first."""
-        with self._cv:
-            self.received.append(index)
-            self._cv.notify()
         if not self._loaders:
             # Files of a (table, bucket) the round deletes from wait for the last record,
             # which removes the superseded file in the same manifest commit (§3.3).
             self._held_back = {(e.table, e.bucket) for e in self.deleted}
+        e = self.offers[index]
+        if (e.table, e.bucket) in self._held_back:
+            self._for_end.append(index)
+        else:
+            with self._cv:
+                self.received.append(index)
+                self._cv.notify()
+        if not self._loaders:
             self._loaders = [
                 threading.Thread(target=self._loader_run, daemon=True, name=f"vrepl-ship-load-vg{self.vg.id}-{k}")
                 for k in range(LOADERS)
@@ -161,22 +168,13 @@ class SessionLoading:
     def _take_batch(self) -> list[int]:
         """(loader, under the condition) The received offers of the next load once there
         are enough of them (LOAD_MIN_FILES or LOAD_MIN_BYTES, at most MAX_ROUND_FILES);
-        else []. They leave `received`. None after another loader failed."""
+        else []. They leave `received`. [] too once a loader failed."""
         if self._load_error is not None:
             return []
-        take, size = [], 0
-        for i in self.received:
-            e = self.offers[i]
-            if (e.table, e.bucket) in self._held_back:
-                continue
-            take.append(i)
-            size += e.size
-            if len(take) == MAX_ROUND_FILES:
-                break
-        if len(take) < LOAD_MIN_FILES and size < LOAD_MIN_BYTES:
+        take = self.received[:MAX_ROUND_FILES]
+        if len(take) < LOAD_MIN_FILES and sum(self.offers[i].size for i in take) < LOAD_MIN_BYTES:
             return []
-        taken = set(take)
-        self.received = [i for i in self.received if i not in taken]
+        del self.received[: len(take)]
         return take
 
     def _loader_run(self) -> None:
@@ -208,7 +206,8 @@ class SessionLoading:
         archive when the file that replaces it arrives, and a cut round removes nothing
         (docs/ship.md §3.3)."""
         deletions = list(range(len(self.deleted))) if final else []
-        batch, self.received = self.received, []
+        batch, self.received = self.received + self._for_end, []
+        self._for_end = []
         self._load_batch(batch, deletions)
 
     def _load_batch(self, indexes: list[int], deletions: list[int]) -> None:
