@@ -64,8 +64,8 @@ KP_LOAD_LOGGED = register("ship.receiver.after_load_log", "load.log names the ba
 
 # The loader takes received files once this many are waiting (or at END): fewer, larger
 # records (each is a flush point that rewrites the manifest), yet loading overlaps receiving.
-LOAD_MIN_FILES = 64
-LOAD_MIN_BYTES = 64 << 20
+LOAD_MIN_FILES = 128
+LOAD_MIN_BYTES = 128 << 20
 LOADERS = 2  # batches loading at once (docs/ship.md §3.3)
 
 

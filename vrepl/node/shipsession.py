@@ -213,6 +213,7 @@ class Session(SessionLoading):
             self.status.files_behind = self.status.bytes_behind = 0
             return
         tables = self._schema(msg)
+        t_data = time.monotonic()
         self.log = SyncLog.start(sd.p(RSYNC_LOG), b.seq, b.round_id, self.svc.fsync)
         self.log.write([LOG_DELETED_START])
         msg = self.stream.recv()
@@ -237,6 +238,7 @@ class Session(SessionLoading):
             else:
                 raise self.refuse(ERR_PROTOCOL, f"unexpected {msg.describe()}")
             msg = self.stream.recv()
+        t_end = time.monotonic()
         self._stop_loader()
         self._raise_load_error()
         end: P.End = msg  # type: ignore[assignment]
@@ -261,13 +263,16 @@ class Session(SessionLoading):
         st.files_behind = st.bytes_behind = 0
         st.last_error = ""
         log.info(
-            "ship %s vg%d: round %d: %d offered, %d deleted, %d B received; %d files held",
+            "ship %s vg%d: round %d: %d offered, %d deleted, %d B received in %.3f s (schema to END),"
+            " loaded %.3f s after END; %d files held",
             uuid,
             vg.id,
             b.seq,
             len(self.offers),
             len(self.deleted),
             self.bytes_in,
+            t_end - t_data,
+            time.monotonic() - t_end,
             len(fl.entries),
         )
 
