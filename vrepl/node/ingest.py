@@ -25,8 +25,8 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
         Raises IngestError (a RuntimeError) with `code` and `outcome`:
           code "bad_files" (IngestFileError, also a ValueError): a file fails its check;
               nothing was forwarded, the files stay in staging_dir() (outcome "not_written");
-              StagingError, a subclass, when moving or fsyncing the files into the staging
-              area failed (its `errno`: ENOSPC, EIO, ...);
+              StagingError (vrepl/errors.py, re-exported here), a subclass, when moving or
+              fsyncing the files into the staging area failed (its `errno`: ENOSPC, EIO);
           "not_master", "not_running", "needs_restore", "overloaded": nothing was
               forwarded (outcome "not_written"); a file named by another round being
               ingested at the same time is "bad_files";
@@ -72,12 +72,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from vrepl.errors import IngestError, IngestFileError
+from vrepl.errors import IngestError, IngestFileError, StagingError
 from vrepl.killpoints import killpoint, register
 from vrepl.node.ingestcheck import (
     IngestFile,
     IngestResult,
-    StagingError,
     archived_key,
     check_files,
     pending_names,

@@ -1,6 +1,5 @@
 """The master's checks of a round before anything moves (docs/vnode.md §9.1; issue 16):
-the producer's arguments (`IngestFile`, `request_invalid`), a staging that failed on disk
-(`StagingError`), every file in `incoming/`
+the producer's arguments (`IngestFile`, `request_invalid`), every file in `incoming/`
 (`check_files`: the Parquet format, size and CRC-32C, types against the schemas), and what
 a removal may name (`archived_key`, `pending_names`); `IngestResult`, what ingest() returns.
 All re-exported by vrepl/node/ingest.py, whose module doc is the API.
@@ -19,17 +18,6 @@ from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import VnodeError
 from vrepl.vnode.rows import TABLE_NAME_RE
 from vrepl.vnode.staging import IngestRemove
-
-
-class StagingError(IngestFileError):
-    """The round's files could not be made durable in the staging area (a full disk or an
-    I/O error, at a write, a rename or an fsync): code "bad_files" as for any file the round
-    cannot take (nothing was forwarded, the files are back in incoming/), and the OSError's
-    `errno`, so a producer can tell a full disk from a bad file."""
-
-    def __init__(self, message: str, errno: int | None) -> None:
-        super().__init__(message)
-        self.errno = errno
 
 
 @dataclass(frozen=True)

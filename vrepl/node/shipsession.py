@@ -77,6 +77,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vrepl.ship")
 
+RESULT_BATCH = 32  # RESULTs sent in one write while more files are coming (_result)
+
 
 KP_RECEIVED = register(
     "ship.receiver.after_receive",
@@ -104,6 +106,8 @@ class Session(SessionLoading):
         self.log: SyncLog | None = None
         self.bytes_in = 0
         self.archived: set[Key] | None = None  # keys of this sender's archived files
+        self.outstanding = 0  # files the WANTs asked for whose DATA has not come yet
+        self.results: list[P.Result] = []  # RESULTs not sent yet (_result)
         self._init_loader()
 
     def run(self) -> None:
@@ -382,6 +386,7 @@ class Session(SessionLoading):
                 except FileNotFoundError:
                     have = 0
                 items.append((e.index, P.WANT_SEND, have if have <= e.size else 0))
+                self.outstanding += 1
         self.stream.send(P.Want(tuple(items)))
         for i in held:
             self._received(i)
@@ -441,8 +446,10 @@ class Session(SessionLoading):
                 fd = -1
                 os.unlink(part)
                 self.svc.m_retries.labels(str(self.vg.id)).inc()
-                self.stream.send(
-                    P.Result(msg.index, P.RESULT_BAD, f"checksum {state[0] or 1:#010x}, announced {e.magic:#010x}")
+                self.outstanding -= 1
+                self._result(
+                    P.Result(msg.index, P.RESULT_BAD, f"checksum {state[0] or 1:#010x}, announced {e.magic:#010x}"),
+                    now=True,
                 )
                 return
             # No fsync here: ingest fsyncs the file when it stages it (docs/vnode.md §9.1); a
@@ -458,5 +465,16 @@ class Session(SessionLoading):
         if self.status is not None:
             self.status.files_behind = max(0, self.status.files_behind - 1)
         killpoint(KP_RECEIVED)
-        self.stream.send(P.Result(msg.index, P.RESULT_OK))
+        self.outstanding -= 1
+        self._result(P.Result(msg.index, P.RESULT_OK))
         self._received(msg.index)
+
+    def _result(self, r: P.Result, now: bool = False) -> None:
+        """Send RESULT `r`, batched: up to RESULT_BATCH go in one write, sent at once when
+        `now` (a bad file, resent by the sender) or when no file the WANTs asked for is
+        still coming (the sender may be waiting for them). One write per file made the
+        session thread give the GIL up and wait for it once more per file."""
+        self.results.append(r)
+        if now or self.outstanding <= 0 or len(self.results) >= RESULT_BATCH:
+            batch, self.results = self.results, []
+            self.stream.send_many(batch)

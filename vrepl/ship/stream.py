@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 from vrepl.errors import FrameError
 from vrepl.restore.errors import PeerError
@@ -114,6 +114,15 @@ class ShipStream:
 
     def send(self, msg: P.ShipMessage) -> None:
         frame = P.encode(msg)
+        with self._send_lock:
+            try:
+                self.raw.send_bytes(frame)
+            except PeerError as exc:
+                raise PeerGone(str(exc)) from None
+
+    def send_many(self, msgs: "Sequence[P.ShipMessage]") -> None:
+        """Several messages in one write (the receiver's batched RESULTs)."""
+        frame = b"".join(P.encode(m) for m in msgs)
         with self._send_lock:
             try:
                 self.raw.send_bytes(frame)
