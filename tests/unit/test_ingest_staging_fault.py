@@ -9,22 +9,23 @@ import os
 import pytest
 
 from vrepl.vnode import staging as S
+from vrepl.vnode import stagingfault as F
 
 
 @pytest.fixture
 def fresh_hook(monkeypatch):
     """The hook as a new process sees it: not read yet."""
-    monkeypatch.setattr(S, "_fault_read", False)
-    monkeypatch.setattr(S, "_fault", [])
+    monkeypatch.setattr(F, "_fault_read", False)
+    monkeypatch.setattr(F, "_fault", [])
 
 
 def test_parse_fault():
-    assert S.parse_fault("") is None
-    assert S.parse_fault("ENOSPC") == (errno.ENOSPC, 1)
-    assert S.parse_fault("EIO@3") == (errno.EIO, 3)
+    assert F.parse_fault("") is None
+    assert F.parse_fault("ENOSPC") == (errno.ENOSPC, 1)
+    assert F.parse_fault("EIO@3") == (errno.EIO, 3)
     for bad in ("NOSUCH", "ENOPE", "EIO@x", "EIO@0", "errno"):
-        with pytest.raises(ValueError, match=S.FAULT_ENV):
-            S.parse_fault(bad)
+        with pytest.raises(ValueError, match=F.FAULT_ENV):
+            F.parse_fault(bad)
 
 
 def _files(tmp_path, n: int, tag: str) -> list[tuple[str, int]]:
@@ -37,7 +38,7 @@ def _files(tmp_path, n: int, tag: str) -> list[tuple[str, int]]:
 
 
 def test_the_nth_staging_fsync_fails_once(tmp_path, monkeypatch, fresh_hook):
-    monkeypatch.setenv(S.FAULT_ENV, "ENOSPC@2")
+    monkeypatch.setenv(F.FAULT_ENV, "ENOSPC@2")
     S.stage_files(str(tmp_path), "a" * 16, _files(tmp_path, 2, "a"))        # 1st: staged
     assert sorted(os.listdir(S.staged_round_path(str(tmp_path), "a" * 16))) == ["0.parquet", "1.parquet"]
     moves = _files(tmp_path, 3, "b")
@@ -51,7 +52,7 @@ def test_the_nth_staging_fsync_fails_once(tmp_path, monkeypatch, fresh_hook):
 
 
 def test_unset_never_fails(tmp_path, monkeypatch, fresh_hook):
-    monkeypatch.delenv(S.FAULT_ENV, raising=False)
+    monkeypatch.delenv(F.FAULT_ENV, raising=False)
     for k in range(3):
         S.stage_files(str(tmp_path), f"{k:016x}", _files(tmp_path, 2, f"c{k}"))
-    assert S._fault == []
+    assert F._fault == []

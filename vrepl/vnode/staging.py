@@ -13,14 +13,12 @@ round), or open sockets (the node fetches missing files, vrepl/node/ingest.py).
 """
 from __future__ import annotations
 
-import errno
 import json
 import mmap
 import os
 import re
 import shutil
 import stat
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -43,6 +41,7 @@ from vrepl.vnode.rows import (
     TYPE_NAMES,
     type_accepts,
 )
+from vrepl.vnode.stagingfault import fsync_staged
 
 PAYLOAD_HEADER_FILES = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_FILES])
 
@@ -67,16 +66,6 @@ CRC_CHUNK_BYTES = 64 * 1024 * 1024
 # The JSON's "v": absent in version 1 (adds only); 2 adds "remove" (and names the adds "add").
 RECORD_VERSION_REMOVES = 2
 
-# Fault injection for tests (docs/vnode.md §9.5): `VREPL_FAULT_STAGE_FSYNC=ERRNO[@N]` (ERRNO a
-# name: ENOSPC, EDQUOT, EIO) makes the N-th (default the first) fsync of a batch of staged
-# files in this process fail with that error, once, as a file system that runs out of space
-# or fails at fsync would. No file system available to the tests fails fsync by itself (a
-# full tmpfs fails the write before it). Read once, at the first staging; unset, it costs a
-# flag test.
-FAULT_ENV = "VREPL_FAULT_STAGE_FSYNC"
-_fault: list[int] = []          # [errno, hit number, hits so far] once read and armed
-_fault_read = False
-_fault_lock = threading.Lock()
 
 
 def name_invalid(name: Any) -> str | None:
@@ -425,44 +414,6 @@ def file_crc_magic(fd: int) -> tuple[int, int]:
     return size, crc or 1
 
 
-def parse_fault(text: str) -> tuple[int, int] | None:
-    """`ERRNO[@N]` (FAULT_ENV) -> (errno number, N), None for an empty text; ValueError
-    naming what is wrong."""
-    text = text.strip()
-    if not text:
-        return None
-    name, _, hit = text.partition("@")
-    num = getattr(errno, name, None)
-    if not name.startswith("E") or type(num) is not int:
-        raise ValueError(f"{FAULT_ENV}={text!r}: {name!r} is not an errno name (ENOSPC, EIO, ...)")
-    try:
-        n = int(hit) if hit else 1
-    except ValueError:
-        raise ValueError(f"{FAULT_ENV}={text!r}: the hit count after @ is not an integer") from None
-    if n < 1:
-        raise ValueError(f"{FAULT_ENV}={text!r}: the hit count must be >= 1")
-    return num, n
-
-
-def _fsync_staged(paths: list[str]) -> None:
-    """fsync the files of a staging batch together (fsync_all), or fail as FAULT_ENV says."""
-    global _fault_read
-    fail = 0
-    with _fault_lock:
-        if not _fault_read:
-            _fault_read = True
-            spec = parse_fault(os.environ.get(FAULT_ENV, ""))
-            if spec is not None:
-                _fault[:] = [spec[0], spec[1], 0]
-        if _fault:
-            _fault[2] += 1
-            if _fault[2] == _fault[1]:
-                fail = _fault[0]
-    if fail:
-        raise OSError(fail, os.strerror(fail), paths[0])
-    fsync_all(paths)
-
-
 def stage_files(path: str, round_id: str, moves: Sequence[tuple[str, int]],
                 fsync: bool = True) -> None:
     """Move checked files (a producer's, or fetched into a .part) to their staged names,
@@ -474,7 +425,7 @@ def stage_files(path: str, round_id: str, moves: Sequence[tuple[str, int]],
     rdir = staged_round_path(path, round_id)
     os.makedirs(rdir, exist_ok=True)
     if fsync:
-        _fsync_staged([src for src, _ in moves])
+        fsync_staged([src for src, _ in moves])
     for src, k in moves:
         os.replace(src, abspath(path, staged_name(round_id, k)))
     if fsync:
