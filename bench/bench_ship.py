@@ -12,7 +12,9 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
 2. first full ship: `vrepl ship --once` into a fresh receiving vgroup of each --replicas
    count (real `vrepl node` processes); seconds until the command returned (every file loaded
    and committed on a quorum) and the ratio of rates against rsync (target >= 1.0 with 1
-   replica, >= 0.7 with 3).
+   replica, >= 0.7 with 3). With each time the CPU seconds it took (rsync: client and
+   daemon; a ship: `vrepl ship` and every receiving node), which says whether a run was
+   bound by CPU work or by waiting (the machine is shared: compare CPU, not only seconds).
 3. a round with nothing new: its wall time inside `vrepl ship` (the round line) and the file
    bytes the receiver received meanwhile (target < 50 ms and 0 bytes).
 4. a link cut at half of one --cut-mib MiB file (the sender SIGKILLed by the kill point
@@ -84,6 +86,27 @@ def receiver(base: str, replicas: int) -> LocalCluster:
     return c
 
 
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def node_cpu_s(recv: LocalCluster) -> float:
+    """CPU seconds (user + system) the receiving node processes used so far."""
+    total = 0.0
+    for n in recv.nodes.values():
+        if n.proc is None:
+            continue
+        try:
+            with open(f"/proc/{n.proc.pid}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def ship(edge: str, recv: LocalCluster, *extra: str, env: dict | None = None) -> tuple[float, str, int]:
     to = ",".join(n.replication for n in recv.nodes.values())
     e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
@@ -109,9 +132,10 @@ def received_bytes(recv: LocalCluster) -> float:
     return total
 
 
-def rsync_baseline(src: str, base: str) -> float | None:
+def rsync_baseline(src: str, base: str) -> tuple[float | None, float]:
+    """(seconds, CPU seconds of the rsync client and daemon), (None, 0) without rsync."""
     if shutil.which("rsync") is None:
-        return None
+        return None, 0.0
     dst = os.path.join(base, "rsync-dst")
     os.makedirs(dst)
     port = free_port()
@@ -121,14 +145,16 @@ def rsync_baseline(src: str, base: str) -> float | None:
                  "uid = root\ngid = root\n")
     d = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}", f"--port={port}",
                           "--address=127.0.0.1"])
+    cpu0 = children_cpu_s()
     try:
         time.sleep(0.5)
         t0 = time.monotonic()
         subprocess.run(["rsync", "-a", "--whole-file", src + "/", f"rsync://127.0.0.1:{port}/dst/"], check=True)
-        return time.monotonic() - t0
+        secs = time.monotonic() - t0
     finally:
         d.terminate()
         d.wait(10)
+    return secs, children_cpu_s() - cpu0
 
 
 def main() -> int:
@@ -139,6 +165,8 @@ def main() -> int:
     ap.add_argument("--senders", type=int, default=8, help="concurrent senders in step 5 (8; 0 skips it)")
     ap.add_argument("--cut-mib", type=int, default=1024, help="size of the file cut at half in step 4 (1024; 0 skips)")
     ap.add_argument("--dir", default=None, help="where to put everything (default: a temporary directory)")
+    ap.add_argument("--edge", default=None, help="keep the edge directory of steps 1-3 here, and reuse it when"
+                    " it has a manifest (runs of the same --files and --file-kib; default: made in --dir, removed)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-ship-", dir=args.dir)
     out: list[tuple[str, str]] = []
@@ -148,26 +176,39 @@ def main() -> int:
         print(f"{what}: {figure}", flush=True)
         out.append((what, figure))
     try:
-        edge = os.path.join(base, "edge")
+        edge = os.path.abspath(args.edge) if args.edge else os.path.join(base, "edge")
         t0 = time.monotonic()
-        size = make_edge(edge, args.files, args.file_kib)
-        print(f"edge: {args.files} files, {size / 2**20:.0f} MiB written in {time.monotonic() - t0:.1f} s", flush=True)
-        rs = rsync_baseline(os.path.join(edge, "data"), base)
+        if os.path.exists(os.path.join(edge, "data", "manifest.json")):
+            mpath = os.path.join(edge, "data", "manifest.json")
+            with open(mpath, "rb") as fh:
+                size = sum(f.size for f in Manifest.from_bytes(fh.read(), mpath).files)
+            print(f"edge: {edge} reused, {size / 2**20:.0f} MiB", flush=True)
+        else:
+            size = make_edge(edge, args.files, args.file_kib)
+            print(f"edge: {args.files} files, {size / 2**20:.0f} MiB written in {time.monotonic() - t0:.1f} s",
+                  flush=True)
+        rs, rs_cpu = rsync_baseline(os.path.join(edge, "data"), base)
         if rs is not None:
-            note("rsync -a --whole-file to an rsync daemon", f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s")
+            note("rsync -a --whole-file to an rsync daemon",
+                 f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s, {rs_cpu:.2f} CPU s")
         else:
             note("rsync baseline", "skipped: rsync is not installed")
         for n in [int(x) for x in args.replicas.split(",") if x]:
             recv = receiver(os.path.join(base, f"recv{n}"), n)
             try:
                 shutil.rmtree(os.path.join(edge, "ship"), ignore_errors=True)
+                cpu0 = children_cpu_s() + node_cpu_s(recv)
                 secs, text, rc = ship(edge, recv)
+                cpu = children_cpu_s() + node_cpu_s(recv) - cpu0
                 if rc != 0:         # a figure of its own (e.g. the load never committed)
                     last = text.strip().splitlines()[-1] if text.strip() else ""
                     note(f"first full ship, {n} replica(s)", f"FAILED after {secs:.2f} s (exit {rc}): {last[:300]}")
                     continue
                 ratio = f", {rs / secs:.2f} x rsync's rate" if rs else ""
-                note(f"first full ship, {n} replica(s)", f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}")
+                m = re.search(r" in ([0-9.]+) s \(sender", text)
+                inside = f", {m.group(1)} s inside the round" if m else ""
+                note(f"first full ship, {n} replica(s)",
+                     f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}{inside}, {cpu:.2f} CPU s")
                 before = received_bytes(recv)
                 secs2, text, rc = ship(edge, recv)
                 m = re.search(r"nothing new \((\d+) ms\)", text)

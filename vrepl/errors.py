@@ -164,6 +164,17 @@ class IngestFileError(IngestError, ValueError):
         super().__init__("bad_files", message)
 
 
+class StagingError(IngestFileError):
+    """The round's files could not be made durable in the staging area (a full disk or an
+    I/O error, at a write, a rename or an fsync): code "bad_files" as for any file the round
+    cannot take (nothing was forwarded, the files are back in incoming/), and the OSError's
+    `errno`, so a producer can tell a full disk from a bad file."""
+
+    def __init__(self, message: str, errno: int | None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
 class FetchFailed(VreplError, RuntimeError):
     """No replica could give this one the files of a round (this time; retried)."""
 

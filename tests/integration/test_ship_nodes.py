@@ -11,6 +11,7 @@ sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -215,6 +216,39 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
         st = recv.status(master)["ship_senders"]
         assert len(st) == 1 and st[0]["sender_id"] == 7 and st[0]["last_error"] == ""
         assert st[0]["files"] == 5
+    finally:
+        recv.close()
+
+
+def test_a_large_round_loads_while_receiving_and_a_replacement_waits_for_its_deletion(tmp_path, edge):
+    """A round of more files than a loader batch (docs/ship.md §3.3) is loaded by several
+    ingest records while it is received; a file that replaces a deleted one (a flush on the
+    sender merged new rows into an old bucket) is not among them: it goes in the last
+    record, the one that removes the superseded file."""
+    first = [f"a{k}" for k in range(8)]   # offered first (sorted by key)
+    edge.write(gen_rows(first, 20))
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        new = [f"z{k}" for k in range(200)]
+        edge.write(gen_rows(["a0"], 5, ts0=1000) + gen_rows(new, 3))
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "201 of 201 new files loaded" in p.stdout and "1 of 1 deletions applied" in p.stdout, p.stdout
+        with open(os.path.join(recv.nodes[1].dir, "node.log")) as fh:
+            records = [(int(v), int(a), int(r)) for a, r, v in re.findall(
+                r"ship [0-9a-f]{32} vg1: (\d+) files loaded, (\d+) removed by record v(\d+)", fh.read())]
+        removing = [v for v, _, r in records if r]
+        assert len(removing) == 1 and max(v for v, _, _ in records) == removing[0], records
+        m = read_manifest_of(node_vg(recv, 1))
+        version = {f.table: f.ingest_version for f in m.files}
+        assert version["a0"] == removing[0]                       # left with its deletion
+        assert min(version[t] for t in new) < removing[0], records  # loaded while receiving
+        tables = first + new
+        assert receiver_rows(recv, 1, tables) == edge.rows(tables)
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == [] and sender_leftovers(edge) == []
     finally:
         recv.close()
 
@@ -740,6 +774,41 @@ def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, 
         assert leftovers(recv) == []
     finally:
         subprocess.run(["umount", "-l", sdir])
+        recv.close()
+
+
+@pytest.mark.parametrize("err, code", [("ENOSPC", 6), ("EIO", 4)])
+def test_a_failed_fsync_of_the_staged_files_fails_the_round_and_the_next_round_loads(
+        tmp_path, edge, monkeypatch, err, code):
+    """The receiving master's fsync of the round's staged files fails (VREPL_FAULT_STAGE_FSYNC,
+    docs/vnode.md §9.5: a full disk or a failing device at fsync): the round fails with a
+    clear error (ENOSPC: disk_full, exit 6; EIO: exit 4), no record was forwarded (no row
+    visible, nothing left in the staging area), and the next round loads the files."""
+    edge.write(gen_rows(["cpu", "mem"], 3000))
+    recv = receiver(tmp_path, 1)
+    try:
+        recv.kill(1, signal.SIGTERM)
+        monkeypatch.setenv("VREPL_FAULT_STAGE_FSYNC", err)
+        recv.start(1)
+        monkeypatch.delenv("VREPL_FAULT_STAGE_FSYNC")
+        recv.wait_master()
+        p = ship(edge, recv, "--once", "--retries", "0")
+        assert p.returncode == code, (p.returncode, p.stderr)
+        why = "No space left on device" if err == "ENOSPC" else "Input/output error"
+        assert why in p.stderr and "nothing of the batch was loaded" in p.stderr, p.stderr
+        assert receiver_rows(recv, 1, ["cpu", "mem"]) == {"cpu": [], "mem": []}
+        assert archive_keys(node_vg(recv, 1), True) == []
+        vg = node_vg(recv, 1)
+        for sub in ("ingest/incoming", "ingest/staged"):
+            d = os.path.join(vg, sub)
+            assert not os.path.isdir(d) or [f for _, _, fs in os.walk(d) for f in fs] == [], sub
+        p = ship(edge, recv, "--once")       # the fault fired once: the disk has room again
+        assert p.returncode == EXIT_OK, p.stderr
+        assert receiver_rows(recv, 1, ["cpu", "mem"]) == edge.rows(["cpu", "mem"])
+        assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
+        assert leftovers(recv) == []
+        assert sender_leftovers(edge) == []
+    finally:
         recv.close()
 
 

@@ -25,6 +25,8 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
         Raises IngestError (a RuntimeError) with `code` and `outcome`:
           code "bad_files" (IngestFileError, also a ValueError): a file fails its check;
               nothing was forwarded, the files stay in staging_dir() (outcome "not_written");
+              StagingError (vrepl/errors.py, re-exported here), a subclass, when moving or
+              fsyncing the files into the staging area failed (its `errno`: ENOSPC, EIO);
           "not_master", "not_running", "needs_restore", "overloaded": nothing was
               forwarded (outcome "not_written"); a file named by another round being
               ingested at the same time is "bad_files";
@@ -70,9 +72,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from vrepl.errors import IngestError, IngestFileError
+from vrepl.errors import IngestError, IngestFileError, StagingError
 from vrepl.killpoints import killpoint, register
-from vrepl.node.ingestcheck import IngestFile, IngestResult, archived_key, check_files, pending_names, request_invalid
+from vrepl.node.ingestcheck import (
+    IngestFile,
+    IngestResult,
+    archived_key,
+    check_files,
+    pending_names,
+    request_invalid,
+)
 from vrepl.node.ingestfetch import Fetcher, IngestHost, OfHost, StagingJob
 from vrepl.replica import ConfirmStatus
 from vrepl.restore.stream import SyncStream
@@ -226,11 +235,11 @@ class Rounds(OfHost):
         try:
             await loop.run_in_executor(self.pool(), S.stage_round, self.path, rec, sources,
                                        self.fsync)
-        except OSError as exc:     # a file went away meanwhile, a full disk
+        except OSError as exc:     # a file went away meanwhile, a full disk, a failed fsync
             await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
             self._count("rounds_refused")
-            raise IngestFileError(f"cannot stage the round: {exc.strerror or exc}:"
-                                  f" {printable(str(exc.filename or ''))}") from None
+            raise StagingError(f"cannot stage the round: {exc.strerror or exc}:"
+                               f" {printable(str(exc.filename or ''))}", exc.errno) from None
         killpoint(KP_MASTER_STAGED)
         t_staged = time.monotonic()
         version = host.next_version

@@ -12,6 +12,7 @@ Must not: block the node's I/O thread (it reaches the vgroup through
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import threading
@@ -22,7 +23,7 @@ from prometheus_client import Counter
 
 from vrepl.errors import InvariantViolation
 from vrepl.killpoints import killpoint, register
-from vrepl.node.ingest import IngestError, IngestFile, IngestRemove
+from vrepl.node.ingest import IngestError, IngestFile, IngestRemove, StagingError
 from vrepl.node.shipdirs import (
     DATA_DIR,
     DELETE_LINE,
@@ -37,7 +38,16 @@ from vrepl.node.shipdirs import (
     key_text,
 )
 from vrepl.ship import protocol as P
-from vrepl.ship.errors import ERR_BAD_DATA, ERR_BUSY, ERR_LOAD, ERR_NOT_MASTER, ERROR_NAMES, Refused, refused
+from vrepl.ship.errors import (
+    ERR_BAD_DATA,
+    ERR_BUSY,
+    ERR_DISK_FULL,
+    ERR_LOAD,
+    ERR_NOT_MASTER,
+    ERROR_NAMES,
+    Refused,
+    refused,
+)
 from vrepl.ship.state import Key, SyncLog, fsync_dir
 from vrepl.ship.stream import ShipStream
 from vrepl.vnode.staging import MAX_ROUND_FILES
@@ -51,6 +61,12 @@ KP_INGESTED = register(
     "ship.receiver.after_ingest", "the ingest record of a batch is committed; load.log does not name its files"
 )
 KP_LOAD_LOGGED = register("ship.receiver.after_load_log", "load.log names the batch; LOADED not yet sent to the sender")
+
+# The loader takes received files once this many are waiting (or at END): fewer, larger
+# records (each is a flush point that rewrites the manifest), yet loading overlaps receiving.
+LOAD_MIN_FILES = 128
+LOAD_MIN_BYTES = 128 << 20
+LOADERS = 2  # batches loading at once (docs/ship.md §3.3)
 
 
 class SessionHost(Protocol):
@@ -85,19 +101,120 @@ class SessionLoading:
     round: P.Begin | None
     log: SyncLog | None
     archived: set[Key] | None
+    _cv: threading.Condition
+    _loaders: list[threading.Thread]
+    _loader_stop: bool
+    _load_log_lock: threading.Lock
+    _load_error: BaseException | None
+    _held_back: set[tuple[str, int]]
+    _for_end: list[int]
 
     def refuse(self, code: int, reason: str) -> Refused:
         """The refusal to raise (counted in vrepl_ship_refusals_total by its error name)."""
         self.svc.m_refusals.labels(ERROR_NAMES.get(code, "other")).inc()
         return refused(code, reason)
 
+    # -- the loader: loading while the round is still received -------------------------------
+    def _init_loader(self) -> None:
+        """(session thread, in __init__) The loader's state (docs/ship.md §3.3)."""
+        self._cv = threading.Condition()
+        self._loaders = []
+        self._loader_stop = False
+        self._load_log_lock = threading.Lock()
+        self._load_error = None
+        self._held_back = set()
+        self._for_end = []  # received offers only the END load may take (held back)
+
+    def _received(self, index: int) -> None:
+        """(session thread) Offer `index` is verified in data/ (its sync.log line written)
+        or held already: it joins the next load. The loader threads start with the first."""
+        if not self._loaders:
+            # Files of a (table, bucket) the round deletes from wait for the last record,
+            # which removes the superseded file in the same manifest commit (§3.3).
+            self._held_back = {(e.table, e.bucket) for e in self.deleted}
+        e = self.offers[index]
+        if (e.table, e.bucket) in self._held_back:
+            self._for_end.append(index)
+        else:
+            with self._cv:
+                self.received.append(index)
+                self._cv.notify()
+        if not self._loaders:
+            self._loaders = [
+                threading.Thread(target=self._loader_run, daemon=True, name=f"vrepl-ship-load-vg{self.vg.id}-{k}")
+                for k in range(LOADERS)
+            ]
+            for t in self._loaders:
+                t.start()
+        self._raise_load_error()
+
+    def _raise_load_error(self) -> None:
+        """(session thread) A load of the loader failed: the round fails with its error."""
+        if self._load_error is not None:
+            raise self._load_error
+
+    def _stop_loader(self) -> None:
+        """(session thread) Let the loaders finish the batches they are loading, and wait for
+        them; what they did not take stays in `received`."""
+        if not self._loaders:
+            return
+        with self._cv:
+            self._loader_stop = True
+            self._cv.notify_all()
+        for t in self._loaders:
+            t.join()
+        self._loaders = []
+
+    def _take_batch(self) -> list[int]:
+        """(loader, under the condition) The received offers of the next load once there
+        are enough of them (LOAD_MIN_FILES or LOAD_MIN_BYTES, at most MAX_ROUND_FILES);
+        else []. They leave `received`. [] too once a loader failed."""
+        if self._load_error is not None:
+            return []
+        take = self.received[:MAX_ROUND_FILES]
+        if len(take) < LOAD_MIN_FILES and sum(self.offers[i].size for i in take) < LOAD_MIN_BYTES:
+            return []
+        del self.received[: len(take)]
+        return take
+
+    def _loader_run(self) -> None:
+        """(a loader thread) Load batches of received files while the session receives the
+        next ones, until the session stops it (END, or the round failed). LOADERS threads
+        take batches in turn, so one batch's record can be committing (the replicas fetch its
+        files) while the next batch is checked."""
+        try:
+            while True:
+                with self._cv:
+                    batch: list[int] = []
+                    while not self._loader_stop and not batch and self._load_error is None:
+                        batch = self._take_batch()
+                        if not batch:
+                            self._cv.wait()
+                    if not batch:
+                        return
+                self._load_batch(batch, [])
+        except BaseException as exc:  # the session raises it in its own thread
+            with self._cv:
+                if self._load_error is None:
+                    self._load_error = exc
+                self._cv.notify_all()
+
     def _load_received(self, final: bool = False) -> None:
-        """Load what was received (and verified) so far, then tell the sender. The round's
-        deletions go with its `final` load (at END): in one record with the last files, so
-        a superseded file leaves the archive when the file that replaces it arrives, and a
-        cut round removes nothing (docs/ship.md §3.3)."""
+        """(session thread, the loader stopped) Load what was received (and verified) and
+        not loaded yet, then tell the sender. The round's deletions go with its `final`
+        load (at END): in one record with the last files, so a superseded file leaves the
+        archive when the file that replaces it arrives, and a cut round removes nothing
+        (docs/ship.md §3.3)."""
         deletions = list(range(len(self.deleted))) if final else []
-        if not self.received and not deletions:
+        batch, self.received = self.received + self._for_end, []
+        self._for_end = []
+        self._load_batch(batch, deletions)
+
+    def _load_batch(self, indexes: list[int], deletions: list[int]) -> None:
+        """Load offers `indexes` (received and verified) and apply `deletions` (positions in
+        the round's DELETE list), then send LOADED. sync.log and data/ are made durable
+        first: recovery must know every file a record may name."""
+        if not indexes and not deletions:
             return
         if self.sd is None:
             raise InvariantViolation("self.sd is not set")
@@ -106,7 +223,7 @@ class SessionLoading:
         if self.svc.fsync:
             fsync_dir(self.sd.p(DATA_DIR))
         fl = self.sd.files()
-        batch = [self.offers[i] for i in self.received]
+        batch = [self.offers[i] for i in indexes]
         held = self.archived or set()
         fresh = [e for e in batch if e.key not in fl.entries and e.key not in held]
         loaded, removed = self.sd.load_log_keys()
@@ -115,9 +232,7 @@ class SessionLoading:
         version = epoch = 0
         if fresh or dels:
             version, epoch = self.load(fresh, dels)
-        indexes = tuple(self.received)
-        self.received = []
-        self.stream.send(P.Loaded(version, epoch, indexes, tuple(deletions)))
+        self.stream.send(P.Loaded(version, epoch, tuple(indexes), tuple(deletions)))
 
     def load(self, files: list[P.FileEntry], deletions: list[P.FileEntry] | None = None) -> tuple[int, int]:
         """Ingest `files` (each in data/) and remove the archived files of `deletions` (this
@@ -175,7 +290,8 @@ class SessionLoading:
                 time.monotonic() - t0,
             )
             killpoint(KP_INGESTED)
-            sd.append_load_log(lines)
+            with self._load_log_lock:  # loaders append in turn
+                sd.append_load_log(lines)
             killpoint(KP_LOAD_LOGGED)
             for e in batch:
                 try:
@@ -201,6 +317,13 @@ class SessionLoading:
                     continue
                 if exc.code == "not_master":
                     raise self.refuse(ERR_NOT_MASTER, str(exc)) from None
+                if isinstance(exc, StagingError):  # a full disk, a failed fsync: not the file's fault
+                    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                    raise self.refuse(
+                        ERR_DISK_FULL if full else ERR_LOAD,
+                        f"{'no space left on the receiver' if full else 'the receiver could not store the files'}:"
+                        f" {exc}; nothing of the batch was loaded",
+                    ) from None
                 if exc.code == "bad_files":
                     raise self.refuse(ERR_BAD_DATA, f"the vgroup refused a file: {exc}") from None
                 raise self.refuse(ERR_LOAD, f"load failed ({exc.code}): {exc}") from None

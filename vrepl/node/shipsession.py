@@ -71,12 +71,13 @@ from vrepl.ship.stream import ShipStream
 from vrepl.transport import codec
 from vrepl.vnode.files import write_atomic
 from vrepl.vnode.rows import COLUMN_NAME_RE, TABLE_NAME_RE, TYPE_NAMES, type_accepts
-from vrepl.vnode.staging import MAX_ROUND_FILES
 
 if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("vrepl.ship")
+
+RESULT_BATCH = 32  # RESULTs sent in one write while more files are coming (_result)
 
 
 KP_RECEIVED = register(
@@ -105,6 +106,9 @@ class Session(SessionLoading):
         self.log: SyncLog | None = None
         self.bytes_in = 0
         self.archived: set[Key] | None = None  # keys of this sender's archived files
+        self.outstanding = 0  # files the WANTs asked for whose DATA has not come yet
+        self.results: list[P.Result] = []  # RESULTs not sent yet (_result)
+        self._init_loader()
 
     def run(self) -> None:
         uuid = None
@@ -148,6 +152,7 @@ class Session(SessionLoading):
             self._note_error(repr(exc))
             self.stream.send_error(ERR_LOAD, f"receiver error: {exc!r}")
         finally:
+            self._stop_loader()  # before sync.log closes: the loader syncs it
             if self.log is not None:
                 self.log.close()
             if uuid is not None:
@@ -212,6 +217,7 @@ class Session(SessionLoading):
             self.status.files_behind = self.status.bytes_behind = 0
             return
         tables = self._schema(msg)
+        t_data = time.monotonic()
         self.log = SyncLog.start(sd.p(RSYNC_LOG), b.seq, b.round_id, self.svc.fsync)
         self.log.write([LOG_DELETED_START])
         msg = self.stream.recv()
@@ -236,6 +242,9 @@ class Session(SessionLoading):
             else:
                 raise self.refuse(ERR_PROTOCOL, f"unexpected {msg.describe()}")
             msg = self.stream.recv()
+        t_end = time.monotonic()
+        self._stop_loader()
+        self._raise_load_error()
         end: P.End = msg  # type: ignore[assignment]
         if end.offered != len(self.offers) or end.deleted != len(self.deleted):
             raise self.refuse(
@@ -258,13 +267,16 @@ class Session(SessionLoading):
         st.files_behind = st.bytes_behind = 0
         st.last_error = ""
         log.info(
-            "ship %s vg%d: round %d: %d offered, %d deleted, %d B received; %d files held",
+            "ship %s vg%d: round %d: %d offered, %d deleted, %d B received in %.3f s (schema to END),"
+            " loaded %.3f s after END; %d files held",
             uuid,
             vg.id,
             b.seq,
             len(self.offers),
             len(self.deleted),
             self.bytes_in,
+            t_end - t_data,
+            time.monotonic() - t_end,
             len(fl.entries),
         )
 
@@ -351,6 +363,7 @@ class Session(SessionLoading):
             # answered "held", never loaded twice. Read once per round.
             self.archived = set(self.sd.archive(self.vg.vnode))
         items = []
+        held: list[int] = []
         for e in msg.entries:
             why = entry_refusal(e)
             if why:
@@ -362,20 +375,21 @@ class Session(SessionLoading):
             if e.key in fl.entries or e.key in self.archived:
                 items.append((e.index, P.WANT_LOADED, 0))
                 self._log_received(e)
-                self.received.append(e.index)
+                held.append(e.index)
             elif os.path.exists(path):
                 items.append((e.index, P.WANT_RECEIVED, 0))
                 self._log_received(e)
-                self.received.append(e.index)
+                held.append(e.index)
             else:
                 try:
                     have = os.path.getsize(path + PART_SUFFIX)
                 except FileNotFoundError:
                     have = 0
                 items.append((e.index, P.WANT_SEND, have if have <= e.size else 0))
+                self.outstanding += 1
         self.stream.send(P.Want(tuple(items)))
-        if len(self.received) >= MAX_ROUND_FILES:
-            self._load_received()
+        for i in held:
+            self._received(i)
 
     def _log_received(self, e: P.FileEntry) -> None:
         if self.log is None:
@@ -432,8 +446,10 @@ class Session(SessionLoading):
                 fd = -1
                 os.unlink(part)
                 self.svc.m_retries.labels(str(self.vg.id)).inc()
-                self.stream.send(
-                    P.Result(msg.index, P.RESULT_BAD, f"checksum {state[0] or 1:#010x}, announced {e.magic:#010x}")
+                self.outstanding -= 1
+                self._result(
+                    P.Result(msg.index, P.RESULT_BAD, f"checksum {state[0] or 1:#010x}, announced {e.magic:#010x}"),
+                    now=True,
                 )
                 return
             # No fsync here: ingest fsyncs the file when it stages it (docs/vnode.md §9.1); a
@@ -449,7 +465,16 @@ class Session(SessionLoading):
         if self.status is not None:
             self.status.files_behind = max(0, self.status.files_behind - 1)
         killpoint(KP_RECEIVED)
-        self.received.append(msg.index)
-        self.stream.send(P.Result(msg.index, P.RESULT_OK))
-        if len(self.received) >= MAX_ROUND_FILES:
-            self._load_received()
+        self.outstanding -= 1
+        self._result(P.Result(msg.index, P.RESULT_OK))
+        self._received(msg.index)
+
+    def _result(self, r: P.Result, now: bool = False) -> None:
+        """Send RESULT `r`, batched: up to RESULT_BATCH go in one write, sent at once when
+        `now` (a bad file, resent by the sender) or when no file the WANTs asked for is
+        still coming (the sender may be waiting for them). One write per file made the
+        session thread give the GIL up and wait for it once more per file."""
+        self.results.append(r)
+        if now or self.outstanding <= 0 or len(self.results) >= RESULT_BATCH:
+            batch, self.results = self.results, []
+            self.stream.send_many(batch)

@@ -41,6 +41,7 @@ from vrepl.vnode.rows import (
     TYPE_NAMES,
     type_accepts,
 )
+from vrepl.vnode.stagingfault import fsync_staged
 
 PAYLOAD_HEADER_FILES = PAYLOAD_MAGIC + bytes([PAYLOAD_FORMAT_FILES])
 
@@ -64,6 +65,7 @@ FILE_TYPES = {v: k for k, v in ARROW_TYPES.items()}
 CRC_CHUNK_BYTES = 64 * 1024 * 1024
 # The JSON's "v": absent in version 1 (adds only); 2 adds "remove" (and names the adds "add").
 RECORD_VERSION_REMOVES = 2
+
 
 
 def name_invalid(name: Any) -> str | None:
@@ -423,7 +425,7 @@ def stage_files(path: str, round_id: str, moves: Sequence[tuple[str, int]],
     rdir = staged_round_path(path, round_id)
     os.makedirs(rdir, exist_ok=True)
     if fsync:
-        fsync_all([src for src, _ in moves])
+        fsync_staged([src for src, _ in moves])
     for src, k in moves:
         os.replace(src, abspath(path, staged_name(round_id, k)))
     if fsync:
