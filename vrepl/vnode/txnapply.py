@@ -28,11 +28,11 @@ from vrepl.txn.config import TxnConfig
 from vrepl.txn.machine import ABORTED_NOW, PREPARE, PUBLISHED, STAGED, Outcome, TxnTable
 from vrepl.txn.record import TxnPayloadError, TxnRecord, decode_txn_payload, split_rows_payload
 from vrepl.vnode import rows as R
-from vrepl.vnode.ingest import Staged, staged_rows
 from vrepl.vnode import staging as S
 from vrepl.vnode.errors import ApplyError, ArchiveError, PayloadError
 from vrepl.vnode.files import LABELS_FILE_NAME, write_atomic
 from vrepl.vnode.flush import PendingIngest
+from vrepl.vnode.ingest import Staged, staged_rows
 
 DEFAULT_LABEL_RETENTION_MS = TxnConfig.label_retention_ms
 
@@ -146,6 +146,7 @@ class VnodeTxns:
         transaction staged files (its rows are then held in it, not returned)). A "rows" or
         "files" record that conflicts with the schemas is an ApplyError naming the version
         (the master checked it: a conflict here means diverged replicas)."""
+        batch: Any = None   # what the record stages: Staged, a list of rows or PendingIngest
         fast = self._parse_rows(payload, schemas)
         if fast is not None:
             rec, batch = fast
@@ -155,7 +156,6 @@ class VnodeTxns:
             except TxnPayloadError as exc:     # the vnode's kind of error: the node handles it
                 raise PayloadError(str(exc).split("malformed transaction payload: ")[-1],
                                    version) from None
-            batch = None
         added: dict[str, dict[str, str]] = {}
         nbytes, nrows = 0, None
         tables: set[str] = set()
