@@ -111,12 +111,12 @@ def split_rows_payload(payload: bytes | memoryview) -> tuple[int, int, memoryvie
     any other record or layout (then decode_txn_payload decides). The rows bytes are not
     checked here."""
     m = _ROWS_HEAD_RE.match(payload, len(HEADER)) if is_txn_payload(payload) else None
-    if m is None or payload[-1] != 0x7D:     # "}"
+    if m is None or payload[-1] != 0x7D:  # "}"
         return None
     txn, seq = int(m.group(1)), int(m.group(2))
     if txn > INT64_MAX or seq > INT64_MAX:
         return None
-    return txn, seq, memoryview(payload)[m.end():len(payload) - 1]
+    return txn, seq, memoryview(payload)[m.end() : len(payload) - 1]
 
 
 def _int(doc: dict, key: str, lo: int = 0) -> int:
