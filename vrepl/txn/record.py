@@ -99,6 +99,26 @@ def encode_rows_payload(txn: int, seq: int, rows_json: bytes) -> bytes:
     return HEADER + b'{"op":"rows","txn":%d,"seq":%d,"rows":' % (txn, seq) + rows_json + b"}"
 
 
+# The head of a "rows" record as encode_rows_payload and encode_txn_payload write it (keys in
+# this order, no spaces): what follows "rows": up to the closing brace is the rows array.
+_ROWS_HEAD_RE = re.compile(rb'\{"op":"rows","txn":([1-9][0-9]{0,18}),"seq":(0|[1-9][0-9]{0,18}),"rows":')
+
+
+def split_rows_payload(payload: bytes | memoryview) -> tuple[int, int, memoryview] | None:
+    """(txn, seq, the bytes of the rows array) of a "rows" record written by this module,
+    without parsing the rows, so the vnode hands them to the plain write path's compiled
+    parser (vrepl/_core/memcols.pyx parse_batch, which refuses trailing data); None for
+    any other record or layout (then decode_txn_payload decides). The rows bytes are not
+    checked here."""
+    m = _ROWS_HEAD_RE.match(payload, len(HEADER)) if is_txn_payload(payload) else None
+    if m is None or payload[-1] != 0x7D:  # "}"
+        return None
+    txn, seq = int(m.group(1)), int(m.group(2))
+    if txn > INT64_MAX or seq > INT64_MAX:
+        return None
+    return txn, seq, memoryview(payload)[m.end() : len(payload) - 1]
+
+
 def _int(doc: dict, key: str, lo: int = 0) -> int:
     v = doc.get(key)
     if type(v) is not int or not lo <= v <= INT64_MAX:

@@ -26,12 +26,13 @@ from typing import Any, Mapping
 
 from vrepl.txn.config import TxnConfig
 from vrepl.txn.machine import ABORTED_NOW, PREPARE, PUBLISHED, STAGED, Outcome, TxnTable
-from vrepl.txn.record import TxnPayloadError, TxnRecord, decode_txn_payload
+from vrepl.txn.record import TxnPayloadError, TxnRecord, decode_txn_payload, split_rows_payload
 from vrepl.vnode import rows as R
 from vrepl.vnode import staging as S
 from vrepl.vnode.errors import ApplyError, ArchiveError, PayloadError
 from vrepl.vnode.files import LABELS_FILE_NAME, write_atomic
 from vrepl.vnode.flush import PendingIngest
+from vrepl.vnode.ingest import Staged, staged_rows
 
 DEFAULT_LABEL_RETENTION_MS = TxnConfig.label_retention_ms
 
@@ -138,24 +139,30 @@ class VnodeTxns:
 
     def apply(self, version: int, epoch: int, payload: bytes,
               schemas: dict[str, dict[str, str]], path: str
-              ) -> tuple[Outcome, dict[str, dict[str, str]], list[Any], int, PendingIngest | None]:
-        """Apply a format-9 record: (outcome, columns it adds to the schemas, rows to apply
-        to the memtable at `version` (the published batches, concatenated), their bytes,
-        the TxnRound pending at `version` when a published transaction staged files (its
-        rows are then held in it, not returned)). A "rows" or "files" record that conflicts
-        with the schemas is an ApplyError naming the version (the master checked it: a
-        conflict here means diverged replicas)."""
-        try:
-            rec = decode_txn_payload(payload, version)
-        except TxnPayloadError as exc:     # the vnode's kind of error: the node handles it
-            raise PayloadError(str(exc).split("malformed transaction payload: ")[-1],
-                               version) from None
+              ) -> tuple[Outcome, dict[str, dict[str, str]], list[Any], PendingIngest | None]:
+        """Apply a format-9 record: (outcome, columns it adds to the schemas, the published
+        batches to apply to the memtable at `version`, in staging order (each a Staged
+        batch or a list of rows), the TxnRound pending at `version` when a published
+        transaction staged files (its rows are then held in it, not returned)). A "rows" or
+        "files" record that conflicts with the schemas is an ApplyError naming the version
+        (the master checked it: a conflict here means diverged replicas)."""
+        batch: Any = None   # what the record stages: Staged, a list of rows or PendingIngest
+        fast = self._parse_rows(payload, schemas)
+        if fast is not None:
+            rec, batch = fast
+        else:
+            try:
+                rec = decode_txn_payload(payload, version)
+            except TxnPayloadError as exc:     # the vnode's kind of error: the node handles it
+                raise PayloadError(str(exc).split("malformed transaction payload: ")[-1],
+                                   version) from None
         added: dict[str, dict[str, str]] = {}
-        batch: Any = None
         nbytes, nrows = 0, None
         tables: set[str] = set()
         t = self.table.get(rec.txn) if rec.op in ("rows", "files") else None
-        if t is not None and t.state == PREPARE and rec.seq not in t.seqs:
+        if batch is not None:
+            added, nbytes, tables = batch.added, batch.nbytes or len(payload), set(batch.tables)
+        elif t is not None and t.state == PREPARE and rec.seq not in t.seqs:
             if rec.op == "rows":
                 reason, added, nbytes = R.check_rows(rec.rows, None, schemas)
                 if reason is not None:
@@ -176,12 +183,12 @@ class VnodeTxns:
         if out.effect == ABORTED_NOW:
             self._drop_files(out.batches, path)
         if out.effect != PUBLISHED:
-            return out, added, [], 0, None
-        rows = [row for b in out.batches if not isinstance(b, PendingIngest) for row in b]
-        nbytes = out.txn.bytes if out.txn is not None else 0
+            return out, added, [], None
+        batches = [b for b in out.batches if not isinstance(b, PendingIngest)]
         files = [b for b in out.batches if isinstance(b, PendingIngest)]
         if not files:
-            return out, added, rows, nbytes, None
+            return out, added, batches, None
+        rows = [row for b in batches for row in (staged_rows(b) if type(b) is Staged else b)]
         parts = tuple((p.record.round, j, p.version) for p in files
                       for j in range(len(p.record.files)))
         entries = tuple(f for p in files for f in p.record.files)
@@ -190,8 +197,27 @@ class VnodeTxns:
         for p in files:         # staged ones are done; a missing one's fetch goes on
             if not S.missing_staged(path, p.record):
                 self.rounds.pop(p.version, None)
-        return out, added, [], nbytes, PendingIngest(version, epoch, pub,
-                                                     not S.missing_staged(path, pub))
+        return out, added, [], PendingIngest(version, epoch, pub, not S.missing_staged(path, pub))
+
+    def _parse_rows(self, payload: bytes, schemas: dict[str, dict[str, str]]
+                    ) -> tuple[TxnRecord, Staged] | None:
+        """The fast path of a "rows" record that stages: its rows parsed straight into
+        columns by the plain write path's parser (a Staged batch: no Python object per row
+        or value, held so until the publish), with the schemas' types enforced. None when
+        the record is not that (another op or layout, a batch that would be ignored, rows
+        the parser is not sure of or that conflict): then decode_txn_payload and check_rows
+        decide, and give the reason."""
+        parts = split_rows_payload(payload)
+        if parts is None:
+            return None
+        txn, seq, body = parts
+        t = self.table.get(txn)
+        if t is None or t.state != PREPARE or seq in t.seqs:
+            return None
+        staged = R.parse_staged(body, None, schemas)
+        if staged is None:
+            return None
+        return TxnRecord("rows", txn, seq=seq), staged
 
     def _drop_files(self, batches: tuple[Any, ...], path: str) -> None:
         """An aborted transaction's staged files go (its rounds' directories)."""

@@ -341,17 +341,17 @@ class Vnode(VnodeFlush, VnodeQuery, VnodeRestoreInfo):
 
     def _apply_txn(self, version: int, epoch: int, payload: bytes) -> Outcome:
         """(lock held) A transaction step: staged rows stay out of the memtable; the publish
-        (commit record) appends every staged batch at its version, in this one step."""
-        out, added, rows, nbytes, files = self.txns.apply(version, epoch, payload, self._schemas,
-                                                          self.path)
+        (commit record) appends every staged batch at its version, in this one step (a
+        Staged batch through the memtable's batch apply, as a plain write's)."""
+        out, added, batches, files = self.txns.apply(version, epoch, payload, self._schemas,
+                                                     self.path)
         if files is not None:       # a published transaction with files: a flush point
             self._ingests[version] = files
-        if rows:
-            self._apply_locked(version, epoch, rows, added, nbytes)
-        else:
-            self._add_columns(added)
-            self.applied_version = version
-            self.applied_epoch = max(self.applied_epoch, epoch)
+        self._add_columns(added)
+        for batch in batches:
+            self._mem.apply(version, epoch, batch, self._clock(), None, self._schemas)
+        self.applied_version = version
+        self.applied_epoch = max(self.applied_epoch, epoch)
         return out
 
     def _note_ingest(self, version: int, epoch: int, payload: bytes) -> None:
