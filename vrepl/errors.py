@@ -15,8 +15,7 @@ from __future__ import annotations
 import errno
 import os
 
-from vrepl.exitcodes import (EXIT_DISK_FULL, EXIT_FAILED, EXIT_PEER, EXIT_SOURCE_CHANGING,
-                             EXIT_UNSAFE_NAME, EXIT_USAGE)
+from vrepl.exitcodes import EXIT_DISK_FULL, EXIT_FAILED, EXIT_PEER, EXIT_SOURCE_CHANGING, EXIT_UNSAFE_NAME, EXIT_USAGE
 
 
 class VreplError(Exception):

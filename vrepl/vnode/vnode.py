@@ -31,19 +31,25 @@ from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 from vrepl.errors import ConfigError
+from vrepl.txn.machine import Outcome
+from vrepl.txn.record import is_txn_payload
 from vrepl.vnode import ingest as I
 from vrepl.vnode import rows as R
 from vrepl.vnode import staging as S
 from vrepl.vnode.config import VnodeConfig, config_invalid
 from vrepl.vnode.errors import ApplyError, ArchiveError, VnodeClosedError, VnodeError
 from vrepl.vnode.files import ArchivedFile, ArchiveStore
-from vrepl.vnode.flush import (KP_APPLY_CLEANUP, KP_APPLY_FILES, KP_APPLY_LINK, KP_APPLY_MANIFEST,
-                               PendingIngest, VnodeFlush)
+from vrepl.vnode.flush import (
+    KP_APPLY_CLEANUP,
+    KP_APPLY_FILES,
+    KP_APPLY_LINK,
+    KP_APPLY_MANIFEST,
+    PendingIngest,
+    VnodeFlush,
+)
 from vrepl.vnode.memtable import Memtable
 from vrepl.vnode.query import QUERY_RETRIES, VnodeQuery
 from vrepl.vnode.restoreinfo import WAL_DIR, FileInfo, VnodeRestoreInfo, WalInfo
-from vrepl.txn.machine import Outcome
-from vrepl.txn.record import is_txn_payload
 from vrepl.vnode.txnapply import DEFAULT_LABEL_RETENTION_MS, TxnRound, VnodeTxns, round_columns
 from vrepl.wal import WalReader, inspect  # read only: the WAL is the sync's
 
