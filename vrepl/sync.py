@@ -95,7 +95,7 @@ class SyncInstance:
         self._app: CallbackApp | None = None
         self._restores: RestoreSessions | None = None
         self._clock: TickTimer | None = None
-        self._intake = AppIntake(config.vgroup_id, config.max_inflight_forwards, self._inflight, self._signal)
+        self._intake = AppIntake(config.vgroup_id, config.max_inflight_forwards, self._signal)
 
     # ================================================================== app thread API
 
@@ -313,6 +313,7 @@ class SyncInstance:
         self._storage.target = driver
         self._links.events = driver
         driver.before_flush = self._drain
+        self._intake.replica = replica
 
     def _wire_restores(self) -> None:
         """The restore sessions need the node's limiter, known once the node server is."""
@@ -474,10 +475,6 @@ class SyncInstance:
     def _note_run(self, first: int, count: int, began: float) -> None:
         # _drain hands this over only with a driver and the app in the master role
         self._app.note_run(first, count, began, self.driver.lowest_acked)  # type: ignore[union-attr]
-
-    def _inflight(self) -> int:
-        d = self.driver
-        return d.pending_forwards() if d is not None else 0
 
     def _step(self, event: object) -> None:
         if self.driver is None:

@@ -23,14 +23,16 @@ _monotonic = time.monotonic
 
 
 class AppIntake:
-    """The queue of one sync instance (see the module doc). `inflight()` counts forwards
-    taken and not yet confirmed (the replica's pending window), read without the I/O thread."""
+    """The queue of one sync instance (see the module doc). Forwards taken and not yet
+    confirmed are the length of `replica.window` (the master's pending window; None outside
+    mastership, or before the instance built its replica), read without the I/O thread."""
 
-    def __init__(self, vgroup_id: int, max_inflight: int, inflight: Callable[[], int],
-                 signal: Callable[[], None]) -> None:
+    def __init__(self, vgroup_id: int, max_inflight: int, signal: Callable[[], None]) -> None:
         self.vgroup_id = vgroup_id
         self.max_inflight = max_inflight  # reconfig() cannot change it
-        self.inflight = inflight
+        # The replica itself, not a callable: forward() reads its window once per record,
+        # and each call layer there cost the library pipeline ~3% (docs/benchmarks.md §One driver).
+        self.replica: Any = None
         self.signal = signal
         self.refused = 0  # forwards refused by flow control (stats()["sync"])
         self._lock = threading.Lock()
@@ -56,7 +58,9 @@ class AppIntake:
         with self._lock:
             # The per-record path of every app: kept to a few attribute reads.
             queued = self._queued
-            inflight = queued + self.inflight()
+            replica = self.replica
+            window = replica.window if replica is not None else None
+            inflight = queued + len(window) if window is not None else queued
             if inflight >= self.max_inflight:
                 self.refused += 1
                 raise FlowControlError(
@@ -79,7 +83,9 @@ class AppIntake:
             raise ValueError(f"vg{self.vgroup_id}: {n} records in one forward_many() exceed max_inflight_forwards"
                              f" {self.max_inflight}")
         with self._lock:
-            inflight = self._queued + self.inflight()
+            replica = self.replica
+            window = replica.window if replica is not None else None
+            inflight = self._queued + (len(window) if window is not None else 0)
             if inflight + n > self.max_inflight:
                 self.refused += n
                 raise FlowControlError(
