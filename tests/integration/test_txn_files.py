@@ -35,21 +35,9 @@ def parquet(tmp_path, name: str, ts: list[int], **cols) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    made: list[LocalCluster] = []
-
-    def make(**txn):
-        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG, txn=txn or None,
-                         http={"write_timeout_ms": 5000})
-        made.append(c)
-        c.start()
-        c.wait_ready()
-        c.wait_master(slaves=2)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
+def cluster(make_local_cluster):
+    # conftest's 3-node vgroup 1 (quorum 2) with these transaction settings
+    return lambda **txn: make_local_cluster(txn=txn or None, http={"write_timeout_ms": 5000})
 
 
 def vg_path(c: LocalCluster, n: int) -> str:

@@ -11,7 +11,6 @@ import signal
 import urllib.request
 
 import pytest
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from vrepl.client import Client
@@ -24,21 +23,10 @@ VG = 1
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    made: list[LocalCluster] = []
-
-    def make(vnode: dict | None = None, **txn):
-        c = LocalCluster(str(tmp_path / f"c{len(made)}"), 3, vgroup=VG, vnode=vnode,
-                         txn=txn or None, http={"write_timeout_ms": 3000})
-        made.append(c)
-        c.start()
-        c.wait_ready()
-        c.wait_master(slaves=2)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
+def cluster(make_local_cluster):
+    # conftest's 3-node vgroup 1 (quorum 2) with these vnode and transaction settings
+    return lambda vnode=None, **txn: make_local_cluster(vnode=vnode, txn=txn or None,
+                                                        http={"write_timeout_ms": 3000})
 
 
 def rows_of(c: LocalCluster, node: int, table: str) -> list[tuple]:
