@@ -108,6 +108,8 @@ def test_role_and_role_object_agree_after_every_step_of_simulated_runs(monkeypat
         state = r._state
         assert r.role in state.ROLES and not state.left, (r.describe(), type(state).__name__)
         assert (r.window is not None) == (r.role == Role.MASTER)
+        # The attribute the app thread reads is the master's own window, never a stale one.
+        assert r.window is (state.window if type(state) is Master else None)
         if r.role != Role.MASTER:
             assert r.peers == {} and r.master != r.node
         if r.role not in (Role.SLAVE, Role.SYNCING):

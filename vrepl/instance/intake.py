@@ -1,7 +1,8 @@
 """The app's calls into a sync instance from any thread: forwards and acks, queued.
 
 Owns: `AppIntake`, the queue behind `SyncInstance.forward()`, `forward_many()` and
-`ack_forward()` (docs/embedding.md §Calls): any thread appends under one lock and wakes the
+`ack_forward()` (docs/embedding.md §Calls; `forward` is `SyncInstance.forward` itself, bound
+per instance, so it refuses calls unless `open`): any thread appends under one lock and wakes the
 I/O thread only when the queue goes non-empty (`signal`); flow control
 (`max_inflight_forwards` over queued plus unconfirmed forwards, all or none for a run); and
 `drain()`, which the I/O thread calls to hand the queue to the driver: app acks first, then
@@ -27,8 +28,18 @@ class AppIntake:
     confirmed are the length of `replica.window` (the master's pending window; None outside
     mastership, or before the instance built its replica), read without the I/O thread."""
 
-    def __init__(self, vgroup_id: int, max_inflight: int, signal: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        vgroup_id: int,
+        max_inflight: int,
+        signal: Callable[[], None],
+        not_running: Callable[[str], Exception],
+    ) -> None:
         self.vgroup_id = vgroup_id
+        # True only while the instance runs (SyncInstance._set_state): forward() is the app's
+        # entry itself, so it checks this rather than the instance's state.
+        self.open = False
+        self.not_running = not_running  # the error forward() raises when not open
         self.max_inflight = max_inflight  # reconfig() cannot change it
         # The replica itself, not a callable: forward() reads its window once per record,
         # and each call layer there cost the library pipeline ~3% (docs/benchmarks.md §One driver).
@@ -55,6 +66,8 @@ class AppIntake:
         return self._signalled
 
     def forward(self, version: int, payload: bytes) -> None:
+        if not self.open:
+            raise self.not_running("forward()")
         with self._lock:
             # The per-record path of every app: kept to a few attribute reads.
             queued = self._queued

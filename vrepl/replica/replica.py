@@ -114,6 +114,10 @@ class Replica:
         self._own_promise_from_disk = config.promised_epoch > 0 and config.promised_master == self.node
         self._role = Role.UNSYNCED
         self._state: RoleState = Unsynced(self)  # changed only by the _become_* transitions
+        # The master's pending-ack window, None outside mastership: a plain attribute that
+        # _enter() keeps equal to the role object's, not a property, because the app thread
+        # reads it for flow control on every forward (docs/benchmarks.md §One driver).
+        self.window: PendingWindow | None = None
 
         # Local log.
         self.last_epoch = config.last_epoch
@@ -272,12 +276,6 @@ class Replica:
         return self.node if type(state) is Master else NO_NODE
 
     @property
-    def window(self) -> PendingWindow | None:
-        """The master's pending-ack window; None outside mastership."""
-        state = self._state
-        return state.window if type(state) is Master else None
-
-    @property
     def peers(self) -> dict[int, PeerProgress]:
         """The master's progress of each follower, by replica index; empty outside mastership."""
         state = self._state
@@ -374,6 +372,7 @@ class Replica:
         """Drop the current role object for `state`; the caller then sets the role."""
         self._state.left = True
         self._state = state
+        self.window = state.window if type(state) is Master else None
 
     def _set_role(self, role: Role) -> None:
         invariant(role in self._state.ROLES, f"role {role.describe()} goes with a {type(self._state).__name__} object")
