@@ -165,7 +165,14 @@ def test_forward_many_when_not_running_raises(tmp_path):
     inst = SyncInstance(cfgs[0], SyncCallbacks())
     with pytest.raises(NotRunningError):
         inst.forward_many(1, [b"a"])
+    # forward() is the intake's own method (bound per instance): it refuses until start()...
+    with pytest.raises(NotRunningError, match=r"forward\(\) while new"):
+        inst.forward(1, b"a")
     inst.start()
     inst.stop()
     with pytest.raises(NotRunningError):
         inst.forward_many(1, [b"a"])
+    # ...and again once stopped, with nothing queued.
+    with pytest.raises(NotRunningError, match=r"forward\(\) while stopped"):
+        inst.forward(1, b"a")
+    assert inst._intake.queued == 0
