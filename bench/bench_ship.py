@@ -211,7 +211,7 @@ def main() -> int:
                      f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}{inside}, {cpu:.2f} CPU s")
                 before = received_bytes(recv)
                 secs2, text, rc = ship(edge, recv)
-                m = re.search(r"nothing new \((\d+) ms\)", text)
+                m = re.search(r"nothing new \((\d+) ms", text)
                 note(f"round with nothing new, {n} replica(s)",
                      f"{m.group(1) if m else '?'} ms in the round ({secs2 * 1000:.0f} ms with process start),"
                      f" {received_bytes(recv) - before:.0f} file bytes received")

@@ -10,6 +10,7 @@ named kill points (vrepl/killpoints.py), a transfer cut mid-file that resumes, a
 sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -186,12 +187,24 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
                           20, 0.2)
         assert leftovers(recv) == [] and sender_leftovers(edge) == []
 
-        # Nothing new: no file data crosses.
+        # Nothing new: no file data crosses, and neither side parses its list of every
+        # file: the sender's manifest and last-shipped list are what the shipping round
+        # left (unchanged.json), the receiver's files.txt is the one it parsed for DONE.
         master = recv.master()
         before = metric(recv, master, "vrepl_ship_received_bytes_total")
+        parsed = metric(recv, master, "vrepl_ship_list_parsed_total")
+        for _ in range(2):
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_OK, p.stderr
+            assert "nothing new" in p.stdout and "manifest unchanged" in p.stdout, p.stdout
+        assert metric(recv, master, "vrepl_ship_received_bytes_total") == before
+        assert metric(recv, master, "vrepl_ship_list_parsed_total") == parsed
+        # Without the memo the round diffs in full, and finds the same: nothing new.
+        memo = glob.glob(os.path.join(edge.vg, "ship", "*", "unchanged.json"))
+        assert len(memo) == 1
+        os.unlink(memo[0])
         p = ship(edge, recv, "--once")
-        assert p.returncode == EXIT_OK, p.stderr
-        assert "nothing new" in p.stdout
+        assert "nothing new" in p.stdout and "manifest diffed" in p.stdout, p.stdout
         assert metric(recv, master, "vrepl_ship_received_bytes_total") == before
 
         # An update of historical rows and new rows in an old bucket: the flush replaces the
