@@ -47,10 +47,6 @@ def parse_manifest(raw: bytes, data: str) -> Manifest:
         raise StateError(str(exc)) from None
 
 
-def read_manifest(data: str) -> Manifest:
-    return parse_manifest(read_manifest_bytes(data), data)
-
-
 class Selection:
     """The round's selection: the manifest and last_local_files.txt, each read once at the
     round's start (the round works from these bytes even if a flush replaces the manifest

@@ -35,10 +35,10 @@ from vrepl.ship.errors import ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipEr
 from vrepl.ship.round import RoundResult, SenderOptions
 from vrepl.ship.select import Selection, diff, file_magic_of
 from vrepl.ship.state import (
+    LAST_LIST,
     LOG_DELETED_END,
     LOG_DELETED_START,
     LOG_END,
-    LAST_LIST,
     LOG_LOADED,
     LOG_REMOVED,
     LOG_TSFILE_END,
