@@ -539,6 +539,29 @@ def test_a_sender_whose_address_changes_stays_the_owner(tmp_path, edge):
         recv.close()
 
 
+def test_rounds_back_to_back_are_not_refused_as_a_second_process(tmp_path, edge):
+    """A sender that begins its next round the moment DONE arrives (rounds with nothing new
+    take milliseconds) finds the previous session gone, not `in_use` (docs/ship.md §3.3);
+    the status says it is not connected between rounds."""
+    from vrepl.ship.sender import Sender, SenderOptions
+
+    edge.write(gen_rows([f"t{k}" for k in range(300)], 2))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        host, port = recv.nodes[1].replication.rsplit(":", 1)
+        opt = SenderOptions(data=edge.vg, addresses=[(host, int(port))], receiver=recv.nodes[1].replication,
+                            sender_id=7, secret=SECRET.encode(), vgroup=VG)
+        for _ in range(30):
+            res = Sender(opt).run_round()
+            assert res.nothing_new and res.manifest_unchanged
+        assert metric(recv, 1, "vrepl_ship_refusals_total") == 0
+        st = recv.status(1)["ship_senders"]
+        assert len(st) == 1 and not st[0]["connected"] and st[0]["last_error"] == ""
+    finally:
+        recv.close()
+
+
 def test_on_flush_ships_each_time_the_vnode_archives(tmp_path, edge):
     edge.write(gen_rows(["cpu"], 10))
     recv = receiver(tmp_path, 1)

@@ -109,6 +109,7 @@ class Session(SessionLoading):
         self.archived: set[Key] | None = None  # keys of this sender's archived files
         self.outstanding = 0  # files the WANTs asked for whose DATA has not come yet
         self.results: list[P.Result] = []  # RESULTs not sent yet (_result)
+        self.released = False  # the sender's session slot and status are given up (_release)
         self._init_loader()
 
     def run(self) -> None:
@@ -158,20 +159,22 @@ class Session(SessionLoading):
                 self.log.close()
             if uuid is not None:
                 self._release(uuid)
-            if self.status is not None:
-                self.status.connected = False
             self.stream.close()
 
     def _release(self, uuid: str) -> None:
         """This sender may begin its next session: called before DONE is sent (the round is
         over then; a sender that reconnects at once must not find this session still
-        registered and be refused as a second process) and again when the thread ends."""
+        registered and be refused as a second process) and again when the thread ends.
+        From then on the sender's status record is the next session's to write."""
         with self.svc._lock:
             if self.svc._active.get(uuid) is self:
                 del self.svc._active[uuid]
+                if self.status is not None:
+                    self.status.connected = False
+                self.released = True
 
     def _note_error(self, reason: str) -> None:
-        if self.status is not None:
+        if self.status is not None and not self.released:
             self.status.last_error, self.status.last_error_at = reason, time.time()
 
     # -- the round ---------------------------------------------------------------------------------
@@ -221,10 +224,10 @@ class Session(SessionLoading):
             self._send_list(sd.files())
             msg = self.stream.recv()
         if type(msg) is P.End:  # nothing new: no sync.log at all
-            self._release(uuid)
-            self.stream.send(P.Done(b.seq, held.files, held.digest))
             self.status.last_round, self.status.last_round_at = b.seq, time.time()
             self.status.files_behind = self.status.bytes_behind = 0
+            self._release(uuid)
+            self.stream.send(P.Done(b.seq, held.files, held.digest))
             return
         tables = self._schema(msg)
         t_data = time.monotonic()
@@ -270,13 +273,13 @@ class Session(SessionLoading):
         killpoint(KP_SYNC_END)
         recover(sd, self, keep_parts=False, vnode=vg.vnode)
         held, _ = sd.summary(self.svc.list_memo)  # parsed here: the next round's is not
-        self._release(uuid)
-        self.stream.send(P.Done(b.seq, held.files, held.digest))
         st = self.status
         st.last_round, st.last_round_at, st.files = b.seq, time.time(), held.files
         st.last_round_files, st.last_round_bytes = len(self.offers), self.bytes_in
         st.files_behind = st.bytes_behind = 0
         st.last_error = ""
+        self._release(uuid)
+        self.stream.send(P.Done(b.seq, held.files, held.digest))
         log.info(
             "ship %s vg%d: round %d: %d offered, %d deleted, %d B received in %.3f s (schema to END),"
             " loaded %.3f s after END; %d files held",
