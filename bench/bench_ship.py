@@ -1,7 +1,7 @@
 """`vrepl ship` benchmarks (docs/ship.md; targets in issue 16, figures in docs/benchmarks.md).
 
     python bench/bench_ship.py [--files 2000] [--file-kib 1024] [--replicas 1,3] [--senders 8]
-                               [--cut-mib 1024] [--dir DIR]
+                               [--cut-mib 1024] [--dir DIR] [--edge DIR] [--idle-rounds 1] [--no-rsync]
 
 An edge vnode directory of --files archived Parquet files of about --file-kib KiB each (one
 table per file, random string values, so compression leaves the size) is written once (its
@@ -16,7 +16,10 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
    daemon; a ship: `vrepl ship` and every receiving node), which says whether a run was
    bound by CPU work or by waiting (the machine is shared: compare CPU, not only seconds).
 3. a round with nothing new: its wall time inside `vrepl ship` (the round line) and the file
-   bytes the receiver received meanwhile (target < 50 ms and 0 bytes).
+   bytes the receiver received meanwhile (target < 50 ms and 0 bytes); with --idle-rounds N,
+   N such rounds (each its own `vrepl ship --once` process), their median and each.
+   Its cost grows with the number of files, not their size: `--file-kib 4` measures it on
+   the issue's 2,000 files in seconds.
 4. a link cut at half of one --cut-mib MiB file (the sender SIGKILLed by the kill point
    ship.sender.mid_file at half of its 1 MiB slices), then a round that resumes: bytes the
    receiver received in all / the file's size (target <= 1.05).
@@ -32,6 +35,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,6 +171,10 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="where to put everything (default: a temporary directory)")
     ap.add_argument("--edge", default=None, help="keep the edge directory of steps 1-3 here, and reuse it when"
                     " it has a manifest (runs of the same --files and --file-kib; default: made in --dir, removed)")
+    ap.add_argument("--idle-rounds", type=int, default=1, help="rounds with nothing new after each first full"
+                    " ship (1)")
+    ap.add_argument("--rsync", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the rsync baseline (default; --no-rsync skips it)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-ship-", dir=args.dir)
     out: list[tuple[str, str]] = []
@@ -187,12 +195,12 @@ def main() -> int:
             size = make_edge(edge, args.files, args.file_kib)
             print(f"edge: {args.files} files, {size / 2**20:.0f} MiB written in {time.monotonic() - t0:.1f} s",
                   flush=True)
-        rs, rs_cpu = rsync_baseline(os.path.join(edge, "data"), base)
+        rs, rs_cpu = rsync_baseline(os.path.join(edge, "data"), base) if args.rsync else (None, 0.0)
         if rs is not None:
             note("rsync -a --whole-file to an rsync daemon",
                  f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s, {rs_cpu:.2f} CPU s")
         else:
-            note("rsync baseline", "skipped: rsync is not installed")
+            note("rsync baseline", "skipped: " + ("rsync is not installed" if args.rsync else "--no-rsync"))
         for n in [int(x) for x in args.replicas.split(",") if x]:
             recv = receiver(os.path.join(base, f"recv{n}"), n)
             try:
@@ -210,11 +218,16 @@ def main() -> int:
                 note(f"first full ship, {n} replica(s)",
                      f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}{inside}, {cpu:.2f} CPU s")
                 before = received_bytes(recv)
-                secs2, text, rc = ship(edge, recv)
-                m = re.search(r"nothing new \((\d+) ms\)", text)
+                inside, whole = [], []
+                for _ in range(max(1, args.idle_rounds)):
+                    secs2, text, rc = ship(edge, recv)
+                    m = re.search(r"nothing new \((\d+) ms", text)
+                    inside.append(int(m.group(1)) if m else -1)
+                    whole.append(round(secs2 * 1000))
+                each = f" (each: {', '.join(map(str, inside))} ms)" if len(inside) > 1 else ""
                 note(f"round with nothing new, {n} replica(s)",
-                     f"{m.group(1) if m else '?'} ms in the round ({secs2 * 1000:.0f} ms with process start),"
-                     f" {received_bytes(recv) - before:.0f} file bytes received")
+                     f"{statistics.median(inside):.0f} ms in the round ({statistics.median(whole):.0f} ms with"
+                     f" process start){each}, {received_bytes(recv) - before:.0f} file bytes received")
             finally:
                 recv.close()
         if args.cut_mib:

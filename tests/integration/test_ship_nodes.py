@@ -10,6 +10,7 @@ named kill points (vrepl/killpoints.py), a transfer cut mid-file that resumes, a
 sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -186,12 +187,24 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
                           20, 0.2)
         assert leftovers(recv) == [] and sender_leftovers(edge) == []
 
-        # Nothing new: no file data crosses.
+        # Nothing new: no file data crosses, and neither side parses its list of every
+        # file: the sender's manifest and last-shipped list are what the shipping round
+        # left (unchanged.json), the receiver's files.txt is the one it parsed for DONE.
         master = recv.master()
         before = metric(recv, master, "vrepl_ship_received_bytes_total")
+        parsed = metric(recv, master, "vrepl_ship_list_parsed_total")
+        for _ in range(2):
+            p = ship(edge, recv, "--once")
+            assert p.returncode == EXIT_OK, p.stderr
+            assert "nothing new" in p.stdout and "manifest unchanged" in p.stdout, p.stdout
+        assert metric(recv, master, "vrepl_ship_received_bytes_total") == before
+        assert metric(recv, master, "vrepl_ship_list_parsed_total") == parsed
+        # Without the memo the round diffs in full, and finds the same: nothing new.
+        memo = glob.glob(os.path.join(edge.vg, "ship", "*", "unchanged.json"))
+        assert len(memo) == 1
+        os.unlink(memo[0])
         p = ship(edge, recv, "--once")
-        assert p.returncode == EXIT_OK, p.stderr
-        assert "nothing new" in p.stdout
+        assert "nothing new" in p.stdout and "manifest diffed" in p.stdout, p.stdout
         assert metric(recv, master, "vrepl_ship_received_bytes_total") == before
 
         # An update of historical rows and new rows in an old bucket: the flush replaces the
@@ -522,6 +535,29 @@ def test_a_sender_whose_address_changes_stays_the_owner(tmp_path, edge):
         assert len(recv.replica_rows(1, "cpu")) == 20
         st = recv.status(1)["ship_senders"]
         assert len(st) == 1 and st[0]["peer"].startswith("127.0.0.2:")
+    finally:
+        recv.close()
+
+
+def test_rounds_back_to_back_are_not_refused_as_a_second_process(tmp_path, edge):
+    """A sender that begins its next round the moment DONE arrives (rounds with nothing new
+    take milliseconds) finds the previous session gone, not `in_use` (docs/ship.md §3.3);
+    the status says it is not connected between rounds."""
+    from vrepl.ship.sender import Sender, SenderOptions
+
+    edge.write(gen_rows([f"t{k}" for k in range(300)], 2))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        host, port = recv.nodes[1].replication.rsplit(":", 1)
+        opt = SenderOptions(data=edge.vg, addresses=[(host, int(port))], receiver=recv.nodes[1].replication,
+                            sender_id=7, secret=SECRET.encode(), vgroup=VG)
+        for _ in range(30):
+            res = Sender(opt).run_round()
+            assert res.nothing_new and res.manifest_unchanged
+        assert metric(recv, 1, "vrepl_ship_refusals_total") == 0
+        st = recv.status(1)["ship_senders"]
+        assert len(st) == 1 and not st[0]["connected"] and st[0]["last_error"] == ""
     finally:
         recv.close()
 

@@ -182,3 +182,61 @@ def test_a_file_replaced_by_a_flush_before_the_snapshot_waits_for_the_next_round
     snap = s._snapshot(new, {a.key: a, gone.key: gone})
     assert new == [a] and set(snap) == {a.key}
     assert os.stat(snap[a.key]).st_ino == os.stat(kept).st_ino
+
+
+def _manifest(data: str, files: list[P.FileEntry]) -> None:
+    from vrepl.vnode.files import ArchivedFile, Manifest
+    m = Manifest("ms", 864_000_000, archived_version=len(files), archived_epoch=1)
+    for k, e in enumerate(files):
+        m.schemas[e.table] = {"v": "int"}
+        m.files.append(ArchivedFile(e.name, e.size, e.magic, e.table, e.bucket, 0, 1, k + 1, k + 1, e.rows))
+    m.sort()
+    os.makedirs(os.path.join(data, "data"), exist_ok=True)
+    with open(os.path.join(data, "data", "manifest.json"), "wb") as fh:
+        fh.write(m.to_bytes())
+
+
+def test_the_selection_memo_skips_the_diff_only_for_the_same_two_files(tmp_path, monkeypatch):
+    """unchanged.json (docs/ship.md §4.1) says "this manifest against this list selects
+    nothing": a round with both files byte for byte the same parses neither; a changed
+    manifest, a changed list or a damaged memo diffs in full, as without it."""
+    from vrepl.ship import select
+    from vrepl.ship.state import SELECTION_MEMO
+
+    data = str(tmp_path / "vg1")
+    a, b = entry("a", name="data/a/b0-v1.parquet"), entry("b", name="data/b/b0-v1.parquet")
+    _manifest(data, [a, b])
+    sdir = SenderDir(data, "h:1", 1)
+    sdir.ensure()
+    sdir.write_last(FileList({a.key: a, b.key: b}, 3, 0x33))
+    sel = select.Selection(sdir, data)
+    assert not sel.unchanged and sel.diff() == ([], [])
+    sdir.write_memo(sel.manifest_fp, sel.list_fp, sel.last_summary(), sel.precision, sel.file_span_ms)
+
+    parsed = []
+    real = select.Manifest.from_bytes
+    monkeypatch.setattr(select.Manifest, "from_bytes", lambda raw, path: parsed.append(path) or real(raw, path))
+    sel = select.Selection(sdir, data)
+    assert sel.unchanged and sel.diff() == ([], []) and parsed == []
+    summary = sel.last_summary()
+    assert (summary.files, summary.seq, summary.round_id) == (2, 3, 0x33)
+    assert summary.digest == sdir.read_last().digest() and (sel.precision, sel.file_span_ms) == ("ms", 864_000_000)
+    assert parsed == [] and sel._last is None           # nothing parsed for all of that
+
+    c = entry("c", name="data/c/b0-v1.parquet")           # a flush archived a new file
+    _manifest(data, [a, b, c])
+    sel = select.Selection(sdir, data)
+    assert not sel.unchanged and sel.diff() == ([], [c]) and len(parsed) == 1
+
+    _manifest(data, [a, b])                               # the manifest as it was, the list not
+    sdir.write_last(FileList({a.key: a}, 4, 0x44))
+    sel = select.Selection(sdir, data)
+    assert not sel.unchanged and sel.diff() == ([], [b])
+
+    sdir.write_last(FileList({a.key: a, b.key: b}, 3, 0x33))   # both as memoized, memo damaged
+    sel = select.Selection(sdir, data)
+    assert sel.unchanged
+    with open(sdir.p(SELECTION_MEMO), "r+b") as fh:
+        fh.truncate(20)
+    sel = select.Selection(sdir, data)
+    assert not sel.unchanged and sel.diff() == ([], [])

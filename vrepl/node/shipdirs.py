@@ -29,7 +29,9 @@ from vrepl.ship.state import (
     LOG_START,
     FileList,
     Key,
+    ListSummary,
     SyncLog,
+    fingerprint,
     fsync_dir,
     parse_entry,
     remove_durable,
@@ -147,6 +149,28 @@ class SenderDirR:
                     e = P.FileEntry(0, f.table, f.bucket, f.size, f.magic, f.rows, f.name)
                     entries[e.key] = e
         return FileList(entries)
+
+    def summary(self, memo: dict[str, tuple[str, ListSummary]]) -> tuple[ListSummary, bool]:
+        """(what files() would say of this sender's list, whether files.txt had to be parsed
+        for it). `memo` keeps the summary of the last files.txt parsed, by the fingerprint
+        of its bytes: a round that follows an unchanged files.txt (nothing new) reads it and
+        parses nothing. Without a files.txt, files() (the manifest) every time."""
+        path = self.p(FILES_LIST)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return self.files().summary(), True
+        fp = fingerprint(data)
+        known = memo.get(path)
+        if known is not None and known[0] == fp:
+            return known[1], False
+        try:
+            sm = FileList.from_bytes(data, path).summary()
+        except ShipError:
+            return self.files().summary(), True  # logs the rebuild
+        memo[path] = (fp, sm)
+        return sm, True
 
     def archive(self, vnode: Any = None) -> dict[Key, list[tuple[str, int, int]]]:
         """This sender's files in the vgroup's archive, as every replica holds them once the

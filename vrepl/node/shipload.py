@@ -48,7 +48,7 @@ from vrepl.ship.errors import (
     Refused,
     refused,
 )
-from vrepl.ship.state import Key, SyncLog, fsync_dir
+from vrepl.ship.state import Key, ListSummary, SyncLog, fsync_dir
 from vrepl.ship.stream import ShipStream
 from vrepl.vnode.staging import MAX_ROUND_FILES
 
@@ -83,6 +83,8 @@ class SessionHost(Protocol):
     m_files: Counter
     m_retries: Counter
     m_refusals: Counter
+    m_list_parsed: Counter
+    list_memo: dict[str, tuple[str, ListSummary]]
 
     def claim(self, vg: "VgroupHost", uuid: str, tables: list[str]) -> str | None: ...
 

@@ -40,6 +40,7 @@ from vrepl.node.shipdirs import (
 )
 from vrepl.node.shipsession import Session
 from vrepl.ship.errors import ShipError
+from vrepl.ship.state import ListSummary
 from vrepl.ship.stream import ShipStream
 from vrepl.transport import codec
 from vrepl.vnode.files import write_atomic
@@ -85,6 +86,14 @@ class ShipService:
             registry=reg,
         )
         self.m_refusals = Counter("vrepl_ship_refusals", "Ship sessions refused, by reason", ["reason"], registry=reg)
+        self.m_list_parsed = Counter(
+            "vrepl_ship_list_parsed",
+            "Rounds whose BEGIN needed a sender's files.txt parsed (it changed since the last round)",
+            ["vgroup"],
+            registry=reg,
+        )
+        # files.txt path -> (fingerprint, summary) of the last one parsed (SenderDirR.summary)
+        self.list_memo: dict[str, tuple[str, ListSummary]] = {}
 
     # -- the transport's acceptor interface (I/O thread) -------------------------------------
     def hello_refusal(self, hello: codec.Hello) -> str | None:

@@ -64,6 +64,7 @@ from vrepl.ship.state import (
     LOG_TSFILE_START,
     FileList,
     Key,
+    ListSummary,
     SyncLog,
     entry_line,
 )
@@ -108,6 +109,7 @@ class Session(SessionLoading):
         self.archived: set[Key] | None = None  # keys of this sender's archived files
         self.outstanding = 0  # files the WANTs asked for whose DATA has not come yet
         self.results: list[P.Result] = []  # RESULTs not sent yet (_result)
+        self.released = False  # the sender's session slot and status are given up (_release)
         self._init_loader()
 
     def run(self) -> None:
@@ -156,15 +158,23 @@ class Session(SessionLoading):
             if self.log is not None:
                 self.log.close()
             if uuid is not None:
-                with self.svc._lock:
-                    if self.svc._active.get(uuid) is self:
-                        del self.svc._active[uuid]
-            if self.status is not None:
-                self.status.connected = False
+                self._release(uuid)
             self.stream.close()
 
+    def _release(self, uuid: str) -> None:
+        """This sender may begin its next session: called before DONE is sent (the round is
+        over then; a sender that reconnects at once must not find this session still
+        registered and be refused as a second process) and again when the thread ends.
+        From then on the sender's status record is the next session's to write."""
+        with self.svc._lock:
+            if self.svc._active.get(uuid) is self:
+                del self.svc._active[uuid]
+                if self.status is not None:
+                    self.status.connected = False
+                self.released = True
+
     def _note_error(self, reason: str) -> None:
-        if self.status is not None:
+        if self.status is not None and not self.released:
             self.status.last_error, self.status.last_error_at = reason, time.time()
 
     # -- the round ---------------------------------------------------------------------------------
@@ -195,26 +205,29 @@ class Session(SessionLoading):
             ) from None
         if done:
             log.info("ship %s vg%d: recovered before the round: %s", uuid, vg.id, "; ".join(done))
-        fl = sd.files()
+        # What STATE says of files.txt; parsed only when it changed since the last round.
+        held, parsed = sd.summary(self.svc.list_memo)
+        if parsed:
+            self.svc.m_list_parsed.labels(str(vg.id)).inc()
         if self.status is None:
             raise InvariantViolation("self.status is not set")
-        self.status.files = len(fl.entries)
-        digest = fl.digest()
-        match = digest == b.last_digest and len(fl.entries) == b.last_files
-        self._check_lineage(b, fl)
+        self.status.files = held.files
+        match = held.digest == b.last_digest and held.files == b.last_files
+        self._check_lineage(b, held)
         if b.new or b.deleted or not match or b.flags & P.FLAG_RESYNC:
             # The sender may log this round in its sync.log once STATE is answered, and fold
             # it into its list's "last round" even if the round is cut: remember it first.
             sd.note_begun(b.round_id)
-        self.stream.send(P.State(fl.seq, fl.round_id, match, len(fl.entries), digest))
+        self.stream.send(P.State(held.seq, held.round_id, match, held.files, held.digest))
         msg = self.stream.recv()
         if type(msg) is P.ListRequest:
-            self._send_list(fl)
+            self._send_list(sd.files())
             msg = self.stream.recv()
         if type(msg) is P.End:  # nothing new: no sync.log at all
-            self.stream.send(P.Done(b.seq, len(fl.entries), digest))
             self.status.last_round, self.status.last_round_at = b.seq, time.time()
             self.status.files_behind = self.status.bytes_behind = 0
+            self._release(uuid)
+            self.stream.send(P.Done(b.seq, held.files, held.digest))
             return
         tables = self._schema(msg)
         t_data = time.monotonic()
@@ -259,13 +272,14 @@ class Session(SessionLoading):
         write_atomic(sd.p(SYNC_END), b"", self.svc.fsync)
         killpoint(KP_SYNC_END)
         recover(sd, self, keep_parts=False, vnode=vg.vnode)
-        fl = sd.files()
-        self.stream.send(P.Done(b.seq, len(fl.entries), fl.digest()))
+        held, _ = sd.summary(self.svc.list_memo)  # parsed here: the next round's is not
         st = self.status
-        st.last_round, st.last_round_at, st.files = b.seq, time.time(), len(fl.entries)
+        st.last_round, st.last_round_at, st.files = b.seq, time.time(), held.files
         st.last_round_files, st.last_round_bytes = len(self.offers), self.bytes_in
         st.files_behind = st.bytes_behind = 0
         st.last_error = ""
+        self._release(uuid)
+        self.stream.send(P.Done(b.seq, held.files, held.digest))
         log.info(
             "ship %s vg%d: round %d: %d offered, %d deleted, %d B received in %.3f s (schema to END),"
             " loaded %.3f s after END; %d files held",
@@ -277,10 +291,10 @@ class Session(SessionLoading):
             self.bytes_in,
             t_end - t_data,
             time.monotonic() - t_end,
-            len(fl.entries),
+            held.files,
         )
 
-    def _check_lineage(self, b: P.Begin, fl: FileList) -> None:
+    def _check_lineage(self, b: P.Begin, fl: ListSummary) -> None:
         """A cloned UUID shipping at another time (docs/ship.md §7.1): the sender's last
         round must be this receiver's last completed round of the UUID, or a round begun
         since (a sender that crashed mid-round folds it). 0 (a sender that lost its state

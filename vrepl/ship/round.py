@@ -47,10 +47,12 @@ class RoundResult:
     repaired: list[str] = field(default_factory=list)  # what recovery did before the round
     seconds: float = 0.0
     nothing_new: bool = False
+    manifest_unchanged: bool = False  # unchanged.json matched: the manifest was not parsed
 
     def describe(self) -> str:
         if self.nothing_new:
-            return f"round {self.seq} to {self.receiver}: nothing new ({self.seconds * 1000:.0f} ms)"
+            how = "manifest unchanged" if self.manifest_unchanged else "manifest diffed"
+            return f"round {self.seq} to {self.receiver}: nothing new ({self.seconds * 1000:.0f} ms, {how})"
         rate = self.sent_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
         text = (
             f"round {self.seq} to {self.receiver}: {self.loaded} of {self.new} new files loaded"

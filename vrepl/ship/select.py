@@ -3,7 +3,9 @@ as the sender's file entries, the seed's deleted and new lists by diffing it aga
 last-shipped list, and a file's magic (CRC-32C) recomputed from its bytes.
 
 Owns: reading and checking the manifest for shipping (a name the receiver would refuse is
-refused here first), the diff, and the magic.
+refused here first), the diff, `Selection` (the manifest and the list as read at a round's
+start, parsed and diffed only when unchanged.json does not already say they select
+nothing: a round with nothing new reads two files and parses neither), and the magic.
 Must not: write anything, open a connection, or scan a directory (the manifest names the
 files).
 """
@@ -16,7 +18,7 @@ from vrepl._core import crc32c as _crc
 from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import StateError, UnsafeName
-from vrepl.ship.state import Key
+from vrepl.ship.state import LAST_LIST, FileList, Key, ListSummary, SenderDir, fingerprint
 from vrepl.vnode.errors import ArchiveError
 from vrepl.vnode.files import MANIFEST_NAME, Manifest
 from vrepl.vnode.rows import TABLE_NAME_RE
@@ -24,11 +26,11 @@ from vrepl.vnode.rows import TABLE_NAME_RE
 CRC_CHUNK_BYTES = 16 * 1024 * 1024
 
 
-def read_manifest(data: str) -> Manifest:
+def read_manifest_bytes(data: str) -> bytes:
     path = os.path.join(data, MANIFEST_NAME)
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            return fh.read()
     except FileNotFoundError:
         raise StateError(
             f"{data}: no {MANIFEST_NAME}: not a vnode data directory (give the"
@@ -36,10 +38,76 @@ def read_manifest(data: str) -> Manifest:
         ) from None
     except OSError as exc:
         raise StateError(f"{path}: {exc.strerror}") from None
+
+
+def parse_manifest(raw: bytes, data: str) -> Manifest:
     try:
-        return Manifest.from_bytes(raw, path)
+        return Manifest.from_bytes(raw, os.path.join(data, MANIFEST_NAME))
     except ArchiveError as exc:
         raise StateError(str(exc)) from None
+
+
+class Selection:
+    """The round's selection: the manifest and last_local_files.txt, each read once at the
+    round's start (the round works from these bytes even if a flush replaces the manifest
+    meanwhile). `unchanged`: unchanged.json names both files' fingerprints, so they select
+    nothing (it was written after a diff of exactly these bytes found nothing to ship, and
+    the check of the manifest's names passed); then nothing is parsed unless the receiver's
+    state differs and the list must be reconciled (`manifest`, `now`, `last` parse on first
+    use)."""
+
+    def __init__(self, sdir: SenderDir, data: str) -> None:
+        self.data = data
+        self.manifest_bytes = read_manifest_bytes(data)
+        self.list_bytes = sdir.read_last_bytes()
+        self.manifest_fp = fingerprint(self.manifest_bytes)
+        self.list_fp = fingerprint(self.list_bytes)
+        self._list_path = sdir.p(LAST_LIST)
+        self._manifest: Manifest | None = None
+        self._now: dict[Key, P.FileEntry] | None = None
+        self._last: FileList | None = None
+        self._memo: ListSummary | None = None
+        self.precision, self.file_span_ms = "", 0
+        memo = sdir.read_memo()
+        if memo.get("manifest") == self.manifest_fp and memo.get("list") == self.list_fp:
+            try:
+                self._memo = ListSummary(
+                    int(memo["files"]), bytes.fromhex(memo["digest"]), int(memo["seq"]), int(memo["round"], 16)
+                )
+                self.precision, self.file_span_ms = str(memo["precision"]), int(memo["file_span_ms"])
+            except (KeyError, ValueError, TypeError):
+                self._memo = None
+        if self._memo is None:
+            self.precision, self.file_span_ms = self.manifest.precision, self.manifest.file_span_ms
+
+    @property
+    def unchanged(self) -> bool:
+        return self._memo is not None
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = parse_manifest(self.manifest_bytes, self.data)
+        return self._manifest
+
+    @property
+    def now(self) -> dict[Key, P.FileEntry]:
+        if self._now is None:
+            self._now = manifest_entries(self.manifest)
+        return self._now
+
+    @property
+    def last(self) -> FileList:
+        if self._last is None:
+            self._last = FileList.from_bytes(self.list_bytes, self._list_path)
+        return self._last
+
+    def last_summary(self) -> ListSummary:
+        return self._memo if self._memo is not None else self.last.summary()
+
+    def diff(self) -> tuple[list[P.FileEntry], list[P.FileEntry]]:
+        """(deleted, new) of the manifest against the list as read at the round's start."""
+        return ([], []) if self._memo is not None else diff(self.last.entries, self.now)
 
 
 def manifest_entries(m: Manifest) -> dict[Key, P.FileEntry]:

@@ -33,8 +33,9 @@ from vrepl.killpoints import killpoint, register
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError
 from vrepl.ship.round import RoundResult, SenderOptions
-from vrepl.ship.select import diff, file_magic_of, manifest_entries, read_manifest
+from vrepl.ship.select import Selection, diff, file_magic_of
 from vrepl.ship.state import (
+    LAST_LIST,
     LOG_DELETED_END,
     LOG_DELETED_START,
     LOG_END,
@@ -45,10 +46,12 @@ from vrepl.ship.state import (
     SYNC_LOG,
     FileList,
     Key,
+    ListSummary,
     SenderDir,
     SyncLog,
     digest_of_keys,
     entry_line,
+    fingerprint,
     fsync_dir,
     load_uuid,
 )
@@ -150,23 +153,14 @@ class Sender:
         state = self.sdir.read_state()
         if state.get("uuid") != uuid:
             self.sdir.write_state({**state, "uuid": uuid, "receiver": opt.receiver, "vgroup": opt.vgroup})
-        last = self.sdir.read_last()
-        m = read_manifest(opt.data)
-        now = manifest_entries(m)
-        deleted, new = diff(last.entries, now)
-        res.seq = last.seq + 1
+        sel = Selection(self.sdir, opt.data)
+        res.manifest_unchanged = sel.unchanged
+        deleted, new = sel.diff()
+        res.seq = sel.last_summary().seq + 1
         res.round_id = secrets.randbits(64) or 1
-        return self._to_master(m, last, now, deleted, new, t0)
+        return self._to_master(sel, deleted, new, t0)
 
-    def _to_master(
-        self,
-        m: Manifest,
-        last: FileList,
-        now: dict[Key, P.FileEntry],
-        deleted: list[P.FileEntry],
-        new: list[P.FileEntry],
-        t0: float,
-    ) -> RoundResult:
+    def _to_master(self, sel: Selection, deleted: list[P.FileEntry], new: list[P.FileEntry], t0: float) -> RoundResult:
         """Try each --to address, starting with the one that answered as master last time;
         a node that is not the vgroup's master refuses the BEGIN (nothing happened yet), and
         the next address is tried."""
@@ -194,7 +188,7 @@ class Sender:
                     raise
                 continue
             try:
-                res = self._session(stream, m, last, now, deleted, list(new), t0)
+                res = self._session(stream, sel, deleted, list(new), t0)
                 Sender._master_hint[(opt.receiver, opt.vgroup)] = (first + k) % n
                 if k:  # remembered for the next process (state.json)
                     self.sdir.write_state({**self.sdir.read_state(), "master_index": (first + k) % n})
@@ -211,28 +205,22 @@ class Sender:
         raise last_exc or PeerGone("no receiver address to try")
 
     def _session(
-        self,
-        stream: ShipStream,
-        m: Manifest,
-        last: FileList,
-        now: dict[Key, P.FileEntry],
-        deleted: list[P.FileEntry],
-        new: list[P.FileEntry],
-        t0: float,
+        self, stream: ShipStream, sel: Selection, deleted: list[P.FileEntry], new: list[P.FileEntry], t0: float
     ) -> RoundResult:
         opt, res = self.opt, self._res
         if self.uuid is None:
             raise InvariantViolation("self.uuid is not set")
+        last = sel.last_summary()
         begin = P.Begin(
             res.seq,
             bytes.fromhex(self.uuid),
             res.round_id,
             last.round_id,
             P.FLAG_RESYNC if opt.resync else 0,
-            m.precision,
-            m.file_span_ms,
-            len(last.entries),
-            last.digest(),
+            sel.precision,
+            sel.file_span_ms,
+            last.files,
+            last.digest,
             len(deleted),
             len(new),
             sum(e.size for e in new),
@@ -243,8 +231,9 @@ class Sender:
         if type(st) is not P.State:
             raise PeerGone(f"expected state, got {st.describe()}")
         if not st.match or opt.resync:
-            last = self._reconcile(stream, last, now)
-            deleted, new = diff(last.entries, now)
+            fl = self._reconcile(stream, sel.last, sel.now)
+            deleted, new = diff(fl.entries, sel.now)
+            last = fl.summary()
             res.reconciled = True
         res.deleted, res.new = len(deleted), len(new)
         res.new_bytes = sum(e.size for e in new)
@@ -257,9 +246,13 @@ class Sender:
                 raise PeerGone(f"expected done, got {done.describe()}")
             self._check_done(done, last, res)
             res.nothing_new = True
+            if not sel.unchanged and not res.reconciled:
+                # This diff found nothing: the next round with the same two files skips it.
+                self.sdir.write_memo(sel.manifest_fp, sel.list_fp, last, sel.precision, sel.file_span_ms)
             res.seconds = time.monotonic() - t0
             return res
-        snap = self._snapshot(new, now)
+        m = sel.manifest
+        snap = self._snapshot(new, sel.now)
         killpoint(KP_SNAPSHOT)
         self._log = SyncLog.start(self.sdir.p(SYNC_LOG), res.seq, res.round_id, opt.fsync)
         killpoint(KP_LOG_STARTED)
@@ -292,8 +285,14 @@ class Sender:
         # recovery, so a crash anywhere in here is finished by the next round's recover().
         self.sdir.recover()
         self._note_schema(m, new)
-        folded = self.sdir.read_last()
-        self._check_done(final, folded, res)
+        folded_bytes = self.sdir.read_last_bytes()
+        folded = FileList.from_bytes(folded_bytes, self.sdir.p(LAST_LIST))
+        summary = folded.summary()
+        self._check_done(final, summary, res)
+        if not res.failed and diff(folded.entries, sel.now) == ([], []):
+            # Everything the manifest named at the start is shipped: until the manifest or
+            # the list changes, the next round has nothing new and need not diff.
+            self.sdir.write_memo(sel.manifest_fp, fingerprint(folded_bytes), summary, sel.precision, sel.file_span_ms)
         res.seconds = time.monotonic() - t0
         if res.failed:
             raise BadData(
@@ -303,23 +302,22 @@ class Sender:
             )
         return res
 
-    def _check_done(self, done: P.Done, fl: FileList, res: RoundResult) -> None:
+    def _check_done(self, done: P.Done, fl: ListSummary, res: RoundResult) -> None:
         """The receiver's DONE carries its digest of what it holds of this sender: it must be
         this sender's list now, or the next round reconciles (never "done" with a file
         missing unnoticed)."""
-        mine = fl.digest()
-        if done.digest != mine or done.files != len(fl.entries):
+        if done.digest != fl.digest or done.files != fl.files:
             log.warning(
                 "ship to %s: after round %d the receiver holds %d files of this sender, the"
                 " sender's list %d (digests differ): the next round reconciles by listing",
                 self.opt.receiver,
                 res.seq,
                 done.files,
-                len(fl.entries),
+                fl.files,
             )
             res.failed.append(
                 f"the receiver's state after the round differs from the sender's list"
-                f" ({done.files} files there, {len(fl.entries)} here)"
+                f" ({done.files} files there, {fl.files} here)"
             )
 
     # -- steps -------------------------------------------------------------------------------

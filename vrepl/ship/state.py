@@ -41,6 +41,7 @@ SYNC_LOG = "sync.log"
 SNAPSHOT_DIR = "snapshot"
 STATE_FILE = "state.json"
 SCHEMA_FILE = "schema.json"
+SELECTION_MEMO = "unchanged.json"
 
 LIST_HEADER = "# vrepl ship last_local_files 1"
 LIST_TRAILER = "# end"
@@ -106,6 +107,22 @@ def digest_of_keys(keys: Iterable[Key]) -> bytes:
     return h.digest()
 
 
+def fingerprint(data: bytes) -> str:
+    """SHA-256 (hex) of a state file's bytes: a list or a manifest is "unchanged" exactly
+    when its fingerprint is."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class ListSummary:
+    """What a round's BEGIN, STATE and DONE say of a list: its size, key digest and round."""
+
+    files: int
+    digest: bytes
+    seq: int
+    round_id: int
+
+
 @dataclass
 class FileList:
     """What the receiver holds of this sender, by key, and the round that made it so."""
@@ -117,6 +134,9 @@ class FileList:
     def digest(self) -> bytes:
         return digest_of_keys(self.entries)
 
+    def summary(self) -> ListSummary:
+        return ListSummary(len(self.entries), self.digest(), self.seq, self.round_id)
+
     def to_bytes(self) -> bytes:
         lines = [f"{LIST_HEADER} seq={self.seq} round={self.round_id:016x}"]
         lines += [entry_line(e) for e in sorted(self.entries.values(), key=lambda e: e.key)]
@@ -126,8 +146,16 @@ class FileList:
     @classmethod
     def read(cls, path: str) -> "FileList":
         """A list file; StateError when it is malformed or cut short (no trailer)."""
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            return cls.from_bytes(fh.read(), path)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> "FileList":
+        """A list file's bytes (read by the caller, who may also fingerprint them)."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StateError(f"{path}: not UTF-8") from None
         lines = text.split("\n")
         if not lines or not lines[0].startswith(LIST_HEADER):
             raise StateError(f"{path}: not a file list (no header)")
@@ -315,6 +343,37 @@ class SenderDir:
 
     def read_last(self) -> FileList:
         return FileList.read(self.p(LAST_LIST))
+
+    def read_last_bytes(self) -> bytes:
+        with open(self.p(LAST_LIST), "rb") as fh:
+            return fh.read()
+
+    # -- unchanged.json: what the last selection found (docs/ship.md §4.1) --------------------
+    def read_memo(self) -> dict:
+        """unchanged.json, or {} when it is missing or unreadable (then the round diffs the
+        manifest in full, as without it)."""
+        try:
+            with open(self.p(SELECTION_MEMO), encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def write_memo(self, manifest_fp: str, list_fp: str, summary: ListSummary, precision: str, span_ms: int) -> None:
+        """Record that the manifest with fingerprint `manifest_fp` against the list with
+        `list_fp` selects nothing. Not fsynced: it is a function of the two files' bytes,
+        so a lost or torn memo only costs the next round one full diff, never a wrong one."""
+        doc = {
+            "manifest": manifest_fp,
+            "list": list_fp,
+            "files": summary.files,
+            "digest": summary.digest.hex(),
+            "seq": summary.seq,
+            "round": f"{summary.round_id:016x}",
+            "precision": precision,
+            "file_span_ms": span_ms,
+        }
+        write_atomic(self.p(SELECTION_MEMO), json.dumps(doc, sort_keys=True).encode(), fsync=False)
 
     def write_last(self, fl: FileList) -> None:
         """Replace the list outright (after a reconciliation by listing)."""
