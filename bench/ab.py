@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         a = [r[name] for r in runs["a"]]
         b = [r[name] for r in runs["b"]]
         ma, mb = statistics.median(a), statistics.median(b)
-        pair = statistics.median([x / y for x, y in zip(a, b) if y])
+        # A figure that is 0 on B (bytes sent by a round with nothing new) has no ratio: nan,
+        # and the medians still print.
+        pair_ratios = [x / y for x, y in zip(a, b) if y]
+        pair = statistics.median(pair_ratios) if pair_ratios else float("nan")
         ratio = ma / mb if mb else float("nan")
         summary[name] = {"a": a, "b": b, "ratio_of_medians": ratio, "median_pair_ratio": pair}
         print(f"{name:<42} {ma:>14,.4g} {mb:>14,.4g} {ratio:>7.3f} {pair:>10.3f}")

@@ -29,7 +29,8 @@ def test_runs_each_tree_in_turn_and_divides_the_medians(tmp_path):
         (tree / "value.txt").write_text(str(value))
         trees[side] = tree
     script = ("import json, os, pathlib; v = int(pathlib.Path('value.txt').read_text());"
-              " assert os.environ['PYTHONPATH'] == os.getcwd(); print(f'rate {v} ops'); print(json.dumps({'v': v}))")
+              " assert os.environ['PYTHONPATH'] == os.getcwd(); print(f'rate {v} ops');"
+              " print(json.dumps({'v': v, 'zero': 0}))")
     out = tmp_path / "ab.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "ab.py"), "--a", str(trees["a"]), "--b", str(trees["b"]),
                            "--pairs", "2", "--figure", r"rate=rate (\d+) ops", "--json-out", str(out),
@@ -40,6 +41,8 @@ def test_runs_each_tree_in_turn_and_divides_the_medians(tmp_path):
     assert figures["rate"]["ratio_of_medians"] == 3.0
     assert figures["v"]["median_pair_ratio"] == 3.0
     assert "wall_s" in figures and "cpu_s" in figures
+    # A figure that is 0 on both sides has medians but no ratio (and does not stop the summary).
+    assert figures["zero"]["a"] == [0.0, 0.0] and figures["zero"]["median_pair_ratio"] != figures["zero"]["median_pair_ratio"]
 
 
 def test_a_failing_run_stops_with_its_output(tmp_path):
