@@ -306,6 +306,7 @@ class TxnFiles:
             code = "disk_full" if sink.error.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error"
             return txns._refuse(507, code, f"cannot write the file: {sink.error.strerror}"
                                 " (nothing staged)")
+        host.rounds.count("checksum_bytes_received", sink.size)
         given = query.get("crc32c")
         if given is not None and given != str(sink.magic):
             return txns._refuse(400, "bad_checksum", f"the file's CRC-32C magic is {sink.magic},"
@@ -331,7 +332,6 @@ class TxnFiles:
         except IngestFileError as exc:
             return txns._refuse(400, "bad_file", f"transaction {t.id}: {exc} (nothing staged;"
                                 " the transaction stays open)")
-        host.rounds.count("checksum_bytes_received", sink.size)
         if sources != [sink.path]:      # converted: the parts written were read back
             host.rounds.count("checksum_bytes_reread", sum(e.size for e in entries))
         try:
