@@ -508,10 +508,12 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
         return (f"{name}: magic (CRC-32C) {got_magic:#010x}, the producer says"
                 f" {magic:#010x}"), None
     try:
-        pf = pq.ParquetFile(full, memory_map=True)
-        schema = pf.schema_arrow
-        keys = pf.read(columns=["ts", "_version", "_epoch"], use_threads=False) \
-            if all(c in schema.names for c in ("ts", "_version", "_epoch")) else None
+        with pa.memory_map(full) as src:
+            schema = pq.ParquetFile(src).schema_arrow
+            # read_table reads the three columns in about half the time ParquetFile.read
+            # takes on one thread (12 vs 23 ms for 2.1 M rows, docs/benchmarks.md §Bulk).
+            keys = pq.read_table(src, columns=["ts", "_version", "_epoch"], use_threads=False) \
+                if all(c in schema.names for c in ("ts", "_version", "_epoch")) else None
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"{name}: not a readable Parquet file: {first}", None
