@@ -148,6 +148,15 @@ def test_a_round_reaches_every_replica_through_one_record(cluster):
     assert c.metric(slaves[1], "vrepl_ingest_files_total", vgroup=vg, how="fetched") == 2
     for nid in slaves:
         assert c.metric(nid, "vrepl_ingest_rounds_staged_total", vgroup=vg) == 1
+    # CRC-32C passes: a producer's files are read back for it (the master's check, the slave
+    # taking its incoming copy), fetched files only as they arrive.
+    sizes = {f["name"].rsplit("-", 1)[1]: f["size"] for f in archived_round_files(c, m)}
+    crc = {(nid, how): c.metric(nid, "vrepl_ingest_checksum_bytes_total", vgroup=vg, how=how)
+           for nid in c.nodes for how in ("received", "reread")}
+    assert (crc[m, "received"], crc[m, "reread"]) == (0, sum(sizes.values()))
+    assert (crc[slaves[0], "received"], crc[slaves[0], "reread"]) == (
+        sizes["0.parquet"], sizes["1.parquet"])
+    assert (crc[slaves[1], "received"], crc[slaves[1], "reread"]) == (sum(sizes.values()), 0)
     # The table's schema came with the round, on every replica.
     with c.client() as cl:
         for nid in c.nodes:

@@ -3,7 +3,8 @@ processes on 127.0.0.1: a file put streams a Parquet file to the master, which s
 forwards one "files" record; every replica fetches the file before acknowledging it; nothing
 of the transaction is visible on any replica before the publish, all of it after (files and
 inline rows, read through the client API from each replica, and the archived files in each
-manifest); an abort removes the staged files everywhere; a wrong checksum, a schema
+manifest); an abort removes the staged files everywhere; an archived-format file is checksummed once
+per copy (as it arrives), never read back for it; a wrong checksum, a schema
 conflict inside a file and a retried put are answered with their reasons; a master killed
 between the files record and the commit leaves a new master that commits it, nothing lost
 or doubled."""
@@ -215,6 +216,13 @@ def test_an_archived_format_file_is_staged_as_it_is_and_all_nodes_restart_before
         for n in c.nodes:
             c.wait_for(f"n{n} staged", lambda n=n: len(staged(c, n)) == 1, 15)
             assert [os.path.getsize(f) for f in staged(c, n)] == [size]
+        # One CRC-32C pass per copy (docs/operations.md §Metrics): the master's as the
+        # upload arrived, each slave's as its fetch arrived; no node read the file back.
+        for n in c.nodes:
+            assert c.metric(n, "vrepl_ingest_checksum_bytes_total", vgroup=str(VG),
+                            how="received") == size
+            assert c.metric(n, "vrepl_ingest_checksum_bytes_total", vgroup=str(VG),
+                            how="reread") == 0
     c.stop_all(signal.SIGKILL)
     c.start()
     c.wait_ready()

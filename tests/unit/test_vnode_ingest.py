@@ -174,6 +174,67 @@ def test_check_file_size_magic_and_names(tmp_path):
     assert "must not overlap" in S.round_invalid([e, e2])
 
 
+def test_check_file_with_the_magic_computed_while_writing_reads_no_byte_again(tmp_path,
+                                                                             monkeypatch):
+    """magic_from_write: the caller's CRC covers the bytes it wrote, so the file is not read
+    again for a CRC (one pass); its size, footer and key columns are still checked."""
+    v = Vnode(str(tmp_path), CFG)
+    full = S.confined_incoming(v.path, "a/b.parquet")
+    write_round_file(full, origin_rows(3), ORIGIN_COLUMNS)
+    _, want = S.check_file(full, "a/b.parquet", "t", "", v.config, v.schemas)
+    passes = []
+    real = S.file_crc_magic
+    monkeypatch.setattr(S, "file_crc_magic", lambda fd: passes.append(fd) or real(fd))
+    reason, e = S.check_file(full, "a/b.parquet", "t", "", v.config, v.schemas, want.size,
+                             want.crc32c, magic_from_write=True)
+    assert reason is None and e == want and passes == []
+    # The size is still the file's own: a file cut or grown since the write is refused.
+    reason, _ = S.check_file(full, "a/b.parquet", "t", "", v.config, v.schemas, want.size + 1,
+                             want.crc32c, magic_from_write=True)
+    assert reason == f"a/b.parquet: {want.size} bytes, the producer says {want.size + 1}"
+    assert passes == []
+    # Without it, a claimed magic other than the bytes' is refused (the one reread).
+    reason, _ = S.check_file(full, "a/b.parquet", "t", "", v.config, v.schemas, want.size,
+                             want.crc32c ^ 1)
+    assert "magic (CRC-32C)" in reason and len(passes) == 1
+    # The footer is still read: bytes that are not Parquet are refused.
+    with open(full, "r+b") as fh:
+        fh.seek(want.size - 4)
+        fh.write(b"XXXX")
+    reason, _ = S.check_file(full, "a/b.parquet", "t", "", v.config, v.schemas, want.size,
+                             want.crc32c, magic_from_write=True)
+    assert "not a readable Parquet file" in reason and len(passes) == 1
+    with pytest.raises(ValueError, match="magic_from_write"):
+        S.check_file(full, "a/b.parquet", "t", "", v.config, v.schemas, magic_from_write=True)
+
+
+def test_a_producer_that_checksummed_while_writing_is_not_read_again(tmp_path, monkeypatch):
+    """IngestFile.crc_on_write (the master's check_files): needs a size and a crc32c; a file
+    carrying it is checked without a CRC pass, one without it with one."""
+    from vrepl.errors import IngestFileError
+    from vrepl.node.ingestcheck import IngestFile, check_files, request_invalid
+    v = Vnode(str(tmp_path), CFG)
+    write_round_file(S.confined_incoming(v.path, "a.parquet"), origin_rows(3), ORIGIN_COLUMNS)
+    write_round_file(S.confined_incoming(v.path, "b.parquet"), origin_rows(3, ts0=5_000),
+                     ORIGIN_COLUMNS)
+    (ea, eb), _ = check_files(v.path, [IngestFile("a.parquet", "t"), IngestFile("b.parquet", "t")],
+                              v.config, v.schemas)
+    assert "crc_on_write needs a size and a crc32c" in request_invalid(
+        [IngestFile("a.parquet", "t", crc_on_write=True)], "load", {})
+    assert request_invalid([IngestFile("a.parquet", "t", "", ea.size, ea.crc32c, True)],
+                           "load", {}) is None
+    passes = []
+    real = S.file_crc_magic
+    monkeypatch.setattr(S, "file_crc_magic", lambda fd: passes.append(fd) or real(fd))
+    got, _ = check_files(v.path, [IngestFile("a.parquet", "t", "", ea.size, ea.crc32c, True),
+                                  IngestFile("b.parquet", "t", "", eb.size, eb.crc32c)],
+                         v.config, v.schemas)
+    assert got == [ea, eb] and len(passes) == 1         # b's only
+    with pytest.raises(IngestFileError, match="magic"):
+        check_files(v.path, [IngestFile("b.parquet", "t", "", eb.size, eb.crc32c ^ 1)],
+                    v.config, v.schemas)
+
+
 # -- apply at commit, rank rule ---------------------------------------------------------------
 
 def test_round_is_invisible_until_its_version_is_committed_then_ranks_by_it(tmp_path):

@@ -13,8 +13,9 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
                       meta: Mapping[str, Any] | None = None) -> IngestResult
         On the node's I/O loop (`host.loop`; from another thread:
         `asyncio.run_coroutine_threadsafe(host.ingest(...), host.loop)`). Checks every file
-        (confined name, regular file, size and CRC-32C if the producer gave them, the
-        Parquet format of an archived file, types against the table's schema), moves the
+        (confined name, regular file, size and CRC-32C if the producer gave them, read
+        again unless `crc_on_write`, the Parquet format of an archived file from its footer
+        and key columns, types against the table's schema), moves the
         files into the staging area (fsynced), then forwards ONE WAL record (payload format
         8, docs/vnode.md §2) naming them, and returns once the group committed it:
         `IngestResult(version, epoch, rows, files, applied)`. The round then reaches every
@@ -35,7 +36,7 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
               a producer retries with a round it can recognise (its own id in `meta`).
 
     IngestFile(name: str, table: str, origin: str = "", size: int | None = None,
-               crc32c: int | None = None)
+               crc32c: int | None = None, crc_on_write: bool = False)
     IngestRemove(name: str, size: int, crc32c: int)
         `remove=` of ingest() (`host.ingest(..., remove=...)`): an ingested file of the
         archive (its name there, `data/<table>/b<bucket>-i<version>-<k>.parquet`, size and
@@ -46,7 +47,10 @@ slot migration and `POST /v1/vgroups/{id}/ingest` build on it):
         (not starting with '.'), at most 255 bytes; `table`: the table its rows belong to;
         `origin`: who wrote the rows (printable, at most 128 bytes): their `_version` and
         `_epoch` are that origin's, not this vgroup's; `size`, `crc32c`: checked if given
-        (`crc32c` is the file's magic: CRC-32C of its bytes, 1 if that is 0).
+        (`crc32c` is the file's magic: CRC-32C of its bytes, 1 if that is 0);
+        `crc_on_write`: the producer computed `crc32c` over the bytes as it wrote them, in
+        this node process (needs `size` and `crc32c`): the master then checks the size and
+        reads the footer and key columns only, not every byte again.
     kind: `[a-z][a-z0-9_.-]{0,31}` (e.g. "ship", "load"); meta: a JSON object of at most
         64 KiB, opaque to vrepl, stored in the record (a ship round id, a transaction id).
 
@@ -138,14 +142,15 @@ class Rounds(OfHost):
         self.applied_waiters: dict[int, list[asyncio.Future]] = {}
         self.counters = dict.fromkeys(("rounds_ingested", "rounds_refused", "rounds_unknown",
                                        "rounds_staged", "files_from_incoming",
-                                       "files_fetched", "fetch_failures", "files_served"), 0)
+                                       "files_fetched", "fetch_failures", "files_served",
+                                       "checksum_bytes_received", "checksum_bytes_reread"), 0)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopped = False
         self._lock = threading.Lock()                   # counters touched by fetch threads
         self._in_flight: set[str] = set()               # master: names of rounds being ingested
-        self.fetcher = Fetcher(host, self._count)
+        self.fetcher = Fetcher(host, self.count)
 
-    def _count(self, name: str, n: int = 1) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
 
@@ -178,7 +183,7 @@ class Rounds(OfHost):
     def _check_refusal(self) -> None:
         err = self._refusal()
         if err is not None:
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise err
 
     async def ingest(self, files: Sequence[IngestFile], kind: str,
@@ -189,11 +194,11 @@ class Rounds(OfHost):
         meta = {} if meta is None else dict(meta)
         reason = request_invalid(files, kind, meta, remove)
         if reason is not None:
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise IngestFileError(reason)
         busy = [f.name for f in files if f.name in self._in_flight]
         if busy:
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise IngestFileError(f"{busy[0]}: named by another round being ingested now")
         names = {f.name for f in files}
         self._in_flight |= names
@@ -213,8 +218,10 @@ class Rounds(OfHost):
             entries, sources = await loop.run_in_executor(self.pool(), check_files, self.path, files,
                                                           host.node_cfg.vnode, vnode.schemas)
         except IngestError:     # a file missing, of another size or checksum, not Parquet
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise
+        self.count("checksum_bytes_reread",
+                   sum(e.size for e, f in zip(entries, files) if not f.crc_on_write))
         rec = S.IngestRecord(S.new_round_id(), kind, meta, tuple(entries), remove)
         reason = S.round_invalid(entries, len(remove))
         self._check_refusal()
@@ -228,7 +235,7 @@ class Rounds(OfHost):
             reason = (f"the round's record would be {len(payload)} bytes, above"
                       f" max_payload_bytes {host.node_cfg.vnode.max_payload_bytes}")
         if reason is not None:
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise IngestFileError(reason)
         killpoint(KP_MASTER_CHECKED)
         t_checked = time.monotonic()
@@ -237,7 +244,7 @@ class Rounds(OfHost):
                                        self.fsync)
         except OSError as exc:     # a file went away meanwhile, a full disk, a failed fsync
             await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise StagingError(f"cannot stage the round: {exc.strerror or exc}:"
                                f" {printable(str(exc.filename or ''))}", exc.errno) from None
         killpoint(KP_MASTER_STAGED)
@@ -253,7 +260,7 @@ class Rounds(OfHost):
                 err = IngestError("not_running", str(exc))
         if err is not None:
             await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise err
         host.next_version = version + 1
         epoch = host.epoch
@@ -274,11 +281,11 @@ class Rounds(OfHost):
         if status == ConfirmStatus.NOT_MASTER:
             # Refused by the core: never in the log. The files go back to the producer.
             await loop.run_in_executor(self.pool(), self._unstage, rec, sources)
-            self._count("rounds_refused")
+            self.count("rounds_refused")
             raise IngestError("not_master", f"vg{host.id}: this node stopped being master"
                               " before the round's record was taken; nothing was written")
         if status != ConfirmStatus.OK:
-            self._count("rounds_unknown")
+            self.count("rounds_unknown")
             if status == ConfirmStatus.TIMED_OUT:
                 self._nudge(version, host.node_cfg.restore.retry_interval_ms)
             what = ("not confirmed by a quorum within write_timeout_ms" if status ==
@@ -289,7 +296,7 @@ class Rounds(OfHost):
                               " files do not acknowledge it)", outcome="unknown",
                               version=version)
         killpoint(KP_MASTER_CONFIRMED)
-        self._count("rounds_ingested")
+        self.count("rounds_ingested")
         t_committed = time.monotonic()
         applied = await self._wait_applied(version, timeout_s)
         t_end = time.monotonic()
@@ -479,7 +486,7 @@ class Rounds(OfHost):
             self._staged(job)
             return
         job.attempts += 1
-        self._count("fetch_failures")
+        self.count("fetch_failures")
         base = host.node_cfg.restore.retry_interval_ms
         delay_ms = min(base * 2 ** min(job.attempts - 1, 10), max(RETRY_MAX_MS, base))
         log.warning("vg%d n%d: round %s at v%d: cannot stage its files (attempt %d): %s;"
@@ -495,7 +502,7 @@ class Rounds(OfHost):
         vnode, sync = host.vnode, host.sync
         if vnode is None or not vnode.ingest_staged(job.version):
             return
-        self._count("rounds_staged")
+        self.count("rounds_staged")
         log.info("vg%d n%d: round %s at v%d staged (%d files) in %.3f s", host.id, host.node_id,
                  job.record.round, job.version, len(job.record.files),
                  time.monotonic() - job.started,

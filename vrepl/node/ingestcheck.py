@@ -1,6 +1,7 @@
 """The master's checks of a round before anything moves (docs/vnode.md §9.1; issue 16):
 the producer's arguments (`IngestFile`, `request_invalid`), every file in `incoming/`
-(`check_files`: the Parquet format, size and CRC-32C, types against the schemas), and what
+(`check_files`: the Parquet format, size and CRC-32C (read again unless the producer
+computed it while writing: `IngestFile.crc_on_write`), types against the schemas), and what
 a removal may name (`archived_key`, `pending_names`); `IngestResult`, what ingest() returns.
 All re-exported by vrepl/node/ingest.py, whose module doc is the API.
 Must not: move or write a file, or touch the vnode's state (it reads the manifest and the
@@ -29,6 +30,9 @@ class IngestFile:
     origin: str = ""
     size: int | None = None
     crc32c: int | None = None
+    # The producer computed `crc32c` over the file's bytes as it wrote them, in this node
+    # process: the master takes it without reading the file again (docs/vnode.md §9.1).
+    crc_on_write: bool = False
 
 
 class IngestResult(NamedTuple):
@@ -64,6 +68,9 @@ def request_invalid(files: Sequence[IngestFile], kind: str, meta: Any,
             v = getattr(f, what)
             if reason is None and v is not None and (type(v) is not int or v < 0 or v > 2**64):
                 reason = f"{f.name}: {what} {v!r} is not a non-negative integer"
+        if reason is None and f.crc_on_write is not False and (
+                f.crc_on_write is not True or f.size is None or f.crc32c is None):
+            reason = f"{f.name}: crc_on_write needs a size and a crc32c (and is a bool)"
         if reason is None and f.name in seen:
             reason = f"{f.name} is named twice"
         if reason is not None:
@@ -102,7 +109,7 @@ def check_files(path: str, files: list[IngestFile], cfg: VnodeConfig,
         except ValueError as exc:
             raise IngestFileError(str(exc)) from None
         reason, entry = S.check_file(full, f.name, f.table, f.origin, cfg, schemas,
-                                     f.size, f.crc32c)
+                                     f.size, f.crc32c, f.crc_on_write)
         if reason is not None or entry is None:
             raise IngestFileError(reason or f"{f.name}: not checked")
         entries.append(entry)

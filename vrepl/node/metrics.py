@@ -204,6 +204,10 @@ class NodeCollector:
                           " served (to a replica)", ("how",))
         i_fetch_fail = counter("vrepl_ingest_fetch_failures", "Fetches of a round's missing files"
                                " that failed (retried)")
+        i_crc = counter("vrepl_ingest_checksum_bytes", "Bytes of ingested files this node"
+                        " checksummed (CRC-32C), by how: received (as they arrived: an upload,"
+                        " a fetch) or reread (read back from disk: a producer's file)",
+                        ("how",))
         limiter: dict[str, int] = {}
         refusals: dict[str, int] = {}
         for vg in self.m.vgroups.values():
@@ -281,12 +285,14 @@ class NodeCollector:
                              ("served", "files_served")):
                 i_files.add_metric([v, how], ic[key])
             i_fetch_fail.add_metric([v], ic["fetch_failures"])
+            for how in ("received", "reread"):
+                i_crc.add_metric([v, how], ic["checksum_bytes_" + how])
             refusals = sync.connection_refusals() or refusals  # one server per node: shared
         yield from (role, epoch, master, *versions.values(), connected, heard, acked, lag_v, lag_s,
                     forwards, forward_bytes, refused, confirmed, queued, flow, wal_bytes, commits,
                     role_changes, epochs, won, r_started, r_ended, r_bytes, r_records, writes, rows,
                     pending, flushes, flush_errors, mem_rows, mem_bytes, needs, self_restores,
-                    i_rounds, i_staged, i_files, i_fetch_fail)
+                    i_rounds, i_staged, i_files, i_fetch_fail, i_crc)
         running = GaugeMetricFamily("vrepl_restores_running", "Restore sessions holding one of the"
                                     " node's max_concurrent_restores slots")
         running.add_metric([], limiter.get("running", 0))

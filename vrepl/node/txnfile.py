@@ -150,7 +150,9 @@ def archived_files(full: str, name: str, table: str, origin: str, cfg: VnodeConf
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                               ) from None
     if "_version" in names and "_epoch" in names:
-        reason, entry = S.check_file(full, name, table, origin, cfg, schemas, size, magic)
+        # `magic` was computed over the body as it was written (FileSink): one pass.
+        reason, entry = S.check_file(full, name, table, origin, cfg, schemas, size, magic,
+                                     magic_from_write=True)
         if reason is not None or entry is None:
             raise IngestFileError(reason or f"{name}: not checked")
         return [entry], [full]
@@ -304,6 +306,7 @@ class TxnFiles:
             code = "disk_full" if sink.error.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error"
             return txns._refuse(507, code, f"cannot write the file: {sink.error.strerror}"
                                 " (nothing staged)")
+        host.rounds.count("checksum_bytes_received", sink.size)
         given = query.get("crc32c")
         if given is not None and given != str(sink.magic):
             return txns._refuse(400, "bad_checksum", f"the file's CRC-32C magic is {sink.magic},"
@@ -329,6 +332,8 @@ class TxnFiles:
         except IngestFileError as exc:
             return txns._refuse(400, "bad_file", f"transaction {t.id}: {exc} (nothing staged;"
                                 " the transaction stays open)")
+        if sources != [sink.path]:      # converted: the parts written were read back
+            host.rounds.count("checksum_bytes_reread", sum(e.size for e in entries))
         try:
             resp = await self._stage(t, seq, entries, sources, t_received)
             # Where a put's time goes (docs/benchmarks.md §Transactions, bulk).
