@@ -272,8 +272,8 @@ class SessionLoading:
                 os.makedirs(incoming, exist_ok=True)
             for k, e in enumerate(batch):
                 _link_or_copy(sd.data_file(e), os.path.join(incoming, f"{k}.parquet"))
-                specs.append(IngestFile(f"{sub}/{k}.parquet", e.table, sd.origin, e.size, e.magic,
-                                        crc_on_write=e.key in self.crc_on_write))
+                verified = e.key in self.crc_on_write
+                specs.append(IngestFile(f"{sub}/{k}.parquet", e.table, sd.origin, e.size, e.magic, verified))
             meta = {
                 "sender": sd.uuid,
                 "round": self.round.round_id if self.round else 0,
