@@ -186,6 +186,13 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
             recv.wait_for(f"n{nid} holds the round", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
                           20, 0.2)
         assert leftovers(recv) == [] and sender_leftovers(edge) == []
+        # The master checksummed each shipped file once, as its bytes arrived: its load did
+        # not read the files again (IngestFile.crc_on_write, docs/vnode.md §9.1).
+        master = recv.master()
+        shipped = metric(recv, master, "vrepl_ship_received_bytes_total")
+        assert shipped > 0
+        assert metric(recv, master, "vrepl_ingest_checksum_bytes_total", how="reread") == 0
+        assert metric(recv, master, "vrepl_ingest_checksum_bytes_total", how="received") == shipped
 
         # Nothing new: no file data crosses, and neither side parses its list of every
         # file: the sender's manifest and last-shipped list are what the shipping round

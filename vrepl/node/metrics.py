@@ -206,7 +206,7 @@ class NodeCollector:
                                " that failed (retried)")
         i_crc = counter("vrepl_ingest_checksum_bytes", "Bytes of ingested files this node"
                         " checksummed (CRC-32C), by how: received (as they arrived: an upload,"
-                        " a fetch) or reread (read back from disk: a producer's file)",
+                        " a shipped file, a fetch) or reread (read back from disk: a producer's file)",
                         ("how",))
         limiter: dict[str, int] = {}
         refusals: dict[str, int] = {}

@@ -103,6 +103,7 @@ class SessionLoading:
     round: P.Begin | None
     log: SyncLog | None
     archived: set[Key] | None
+    crc_on_write: set[Key]
     _cv: threading.Condition
     _loaders: list[threading.Thread]
     _loader_stop: bool
@@ -271,7 +272,8 @@ class SessionLoading:
                 os.makedirs(incoming, exist_ok=True)
             for k, e in enumerate(batch):
                 _link_or_copy(sd.data_file(e), os.path.join(incoming, f"{k}.parquet"))
-                specs.append(IngestFile(f"{sub}/{k}.parquet", e.table, sd.origin, e.size, e.magic))
+                verified = e.key in self.crc_on_write
+                specs.append(IngestFile(f"{sub}/{k}.parquet", e.table, sd.origin, e.size, e.magic, verified))
             meta = {
                 "sender": sd.uuid,
                 "round": self.round.round_id if self.round else 0,

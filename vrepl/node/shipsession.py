@@ -103,6 +103,11 @@ class Session(SessionLoading):
         self.offers: dict[int, P.FileEntry] = {}
         self.deleted: list[P.FileEntry] = []
         self.received: list[int] = []  # verified offers, not loaded yet
+        # Keys of the files this session wrote and checksummed as the bytes arrived (whose
+        # CRC-32C equals their magic): their load takes the CRC without reading them again
+        # (IngestFile.crc_on_write). A file found in data/ from an earlier session is not
+        # here, so its load reads it (a crash may have damaged it since).
+        self.crc_on_write: set[Key] = set()
         self.round: P.Begin | None = None
         self.log: SyncLog | None = None
         self.bytes_in = 0
@@ -453,6 +458,11 @@ class Session(SessionLoading):
                 self.bytes_in += len(view)
 
             self.stream.recv_raw(msg.size, sink)
+            # vrepl_ingest_checksum_bytes_total: the bytes checksummed as they arrived, and a
+            # cut file's prefix read back from disk to resume its checksum.
+            self.vg.rounds.count("checksum_bytes_received", msg.size)
+            if msg.offset:
+                self.vg.rounds.count("checksum_bytes_reread", msg.offset)
             if self.status is not None:
                 self.status.bytes_behind = max(0, self.status.bytes_behind - msg.size)
             if (state[0] or 1) != e.magic:
@@ -475,6 +485,8 @@ class Session(SessionLoading):
         # The rename and the sync.log line become durable before the file is loaded
         # (_load_received): a crash before that loses them, and the sender sends the file again.
         os.replace(part, path)
+        if state[0] == e.magic:  # not a CRC of 0, which the magic writes as 1
+            self.crc_on_write.add(e.key)
         self._log_received(e)
         if self.status is not None:
             self.status.files_behind = max(0, self.status.files_behind - 1)
