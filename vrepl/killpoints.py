@@ -51,6 +51,20 @@ def registered(prefix: str = "") -> dict[str, str]:
     return {k: v for k, v in sorted(_registry.items()) if k.startswith(prefix)}
 
 
+def split_hit(spec: str, where: str) -> tuple[str, int]:
+    """`name[@N]` -> (name, N), N 1 when absent; ValueError prefixed by `where` when N is not
+    an integer >= 1. The hit-count syntax of every test hook armed from the environment
+    (VREPL_KILLPOINT here, VREPL_FAULT_STAGE_FSYNC in vrepl/vnode/stagingfault.py)."""
+    name, _, hit = spec.partition("@")
+    try:
+        n = int(hit) if hit else 1
+    except ValueError:
+        raise ValueError(f"{where}: the hit count after @ is not an integer") from None
+    if n < 1:
+        raise ValueError(f"{where}: the hit count must be >= 1")
+    return name, n
+
+
 def parse_spec(text: str) -> dict[str, tuple[int, int]]:
     """`name[@N][:stop],...` -> {name: (N, signal)}; ValueError with the reason when
     malformed."""
@@ -60,13 +74,7 @@ def parse_spec(text: str) -> dict[str, tuple[int, int]]:
         if how not in ("", "kill", "stop"):
             raise ValueError(f"{ENV}: {part!r}: after ':' comes kill or stop")
         sig = signal.SIGSTOP if how == "stop" else signal.SIGKILL
-        name, _, hit = spec.partition("@")
-        try:
-            n = int(hit) if hit else 1
-        except ValueError:
-            raise ValueError(f"{ENV}: {part!r}: the hit count after @ is not an integer") from None
-        if n < 1:
-            raise ValueError(f"{ENV}: {part!r}: the hit count must be >= 1")
+        name, n = split_hit(spec, f"{ENV}: {part!r}")
         out[name] = (n, sig)
     return out
 

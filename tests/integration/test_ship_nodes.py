@@ -106,6 +106,16 @@ def metric(recv: LocalCluster, node: int, name: str, **labels: str) -> float:
     return total
 
 
+def restart_with_env(recv: LocalCluster, monkeypatch, name: str, value: str) -> None:
+    """Restart the receiver's node 1 with `name=value` in its environment only (a kill
+    point or a fault hook armed in that process), and wait for it to be master again."""
+    recv.kill(1, signal.SIGTERM)
+    monkeypatch.setenv(name, value)
+    recv.start(1)
+    monkeypatch.delenv(name)
+    recv.wait_master()
+
+
 def leftovers(recv: LocalCluster) -> list[str]:
     """Files a finished round must not leave: staged/incoming ingest files, received data."""
     out = []
@@ -464,11 +474,7 @@ def test_receiver_killed_at_every_point_converges(tmp_path, edge, monkeypatch):
             new = [f"r{k}a", f"r{k}b"]
             tables += new
             edge.write(gen_rows(new, 200) + (gen_rows(tables[:1], 5, ts0=1000 + k * 10) if k else []))
-            recv.kill(1, signal.SIGTERM)
-            monkeypatch.setenv("VREPL_KILLPOINT", point)
-            recv.start(1)
-            monkeypatch.delenv("VREPL_KILLPOINT")
-            recv.wait_master()
+            restart_with_env(recv, monkeypatch, "VREPL_KILLPOINT", point)
             p = ship(edge, recv, "--once", "--retries", "0")
             assert p.returncode != EXIT_OK, f"{point}: {p.stdout}"
             recv.wait_for(f"the node died at {point}", lambda: not recv.nodes[1].alive(), 10, 0.1)
@@ -830,11 +836,7 @@ def test_a_failed_fsync_of_the_staged_files_fails_the_round_and_the_next_round_l
     edge.write(gen_rows(["cpu", "mem"], 3000))
     recv = receiver(tmp_path, 1)
     try:
-        recv.kill(1, signal.SIGTERM)
-        monkeypatch.setenv("VREPL_FAULT_STAGE_FSYNC", err)
-        recv.start(1)
-        monkeypatch.delenv("VREPL_FAULT_STAGE_FSYNC")
-        recv.wait_master()
+        restart_with_env(recv, monkeypatch, "VREPL_FAULT_STAGE_FSYNC", err)
         p = ship(edge, recv, "--once", "--retries", "0")
         assert p.returncode == code, (p.returncode, p.stderr)
         why = "No space left on device" if err == "ENOSPC" else "Input/output error"

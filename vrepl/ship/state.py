@@ -82,6 +82,18 @@ def remove_durable(path: str, fsync: bool = True) -> bool:
 # entries, lists, digests
 
 
+def read_json_object(path: str) -> dict:
+    """The JSON object in `path`, or {} when it is missing, unreadable or not an object:
+    the sender's state files that a crash may have lost or torn, each of which has a safe
+    default (docs/ship.md §4.1)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def entry_line(e: FileEntry) -> str:
     """`<table>\\t<bucket>\\t<size>\\t<magic>\\t<rows>\\t<name>`: names never hold a tab or a
     newline (vnode name rules, checked before a list is written)."""
@@ -352,12 +364,7 @@ class SenderDir:
     def read_memo(self) -> dict:
         """unchanged.json, or {} when it is missing or unreadable (then the round diffs the
         manifest in full, as without it)."""
-        try:
-            with open(self.p(SELECTION_MEMO), encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        return read_json_object(self.p(SELECTION_MEMO))
 
     def write_memo(self, manifest_fp: str, list_fp: str, summary: ListSummary, precision: str, span_ms: int) -> None:
         """Record that the manifest with fingerprint `manifest_fp` against the list with
@@ -384,12 +391,7 @@ class SenderDir:
 
     # -- schema.json (the seed's sync_schema_pos) --------------------------------------------
     def read_schema(self) -> dict[str, dict[str, str]]:
-        try:
-            with open(self.p(SCHEMA_FILE), encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        return read_json_object(self.p(SCHEMA_FILE))
 
     def write_schema(self, schema: dict[str, dict[str, str]]) -> None:
         write_atomic(self.p(SCHEMA_FILE), json.dumps(schema, sort_keys=True).encode(), self.fsync)
@@ -399,12 +401,7 @@ class SenderDir:
 
     # -- state.json ----------------------------------------------------------------------------
     def read_state(self) -> dict:
-        try:
-            with open(self.p(STATE_FILE), encoding="utf-8") as fh:
-                doc = json.load(fh)
-            return doc if isinstance(doc, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return read_json_object(self.p(STATE_FILE))
 
     def write_state(self, doc: dict) -> None:
         write_atomic(self.p(STATE_FILE), json.dumps(doc, sort_keys=True).encode(), self.fsync)

@@ -13,6 +13,7 @@ import errno
 import os
 import threading
 
+from vrepl.killpoints import split_hit
 from vrepl.vnode.files import fsync_all
 
 # ERRNO is a name (ENOSPC, EDQUOT, EIO). No file system available to the tests fails fsync
@@ -29,16 +30,10 @@ def parse_fault(text: str) -> tuple[int, int] | None:
     text = text.strip()
     if not text:
         return None
-    name, _, hit = text.partition("@")
+    name, n = split_hit(text, f"{FAULT_ENV}={text!r}")
     num = getattr(errno, name, None)
     if not name.startswith("E") or type(num) is not int:
         raise ValueError(f"{FAULT_ENV}={text!r}: {name!r} is not an errno name (ENOSPC, EIO, ...)")
-    try:
-        n = int(hit) if hit else 1
-    except ValueError:
-        raise ValueError(f"{FAULT_ENV}={text!r}: the hit count after @ is not an integer") from None
-    if n < 1:
-        raise ValueError(f"{FAULT_ENV}={text!r}: the hit count must be >= 1")
     return num, n
 
 
