@@ -96,10 +96,11 @@ def children_cpu_s() -> float:
     return t.children_user + t.children_system
 
 
-def node_cpu_s(recv: LocalCluster) -> float:
-    """CPU seconds (user + system) the receiving node processes used so far."""
-    total = 0.0
-    for n in recv.nodes.values():
+def node_cpu_split(recv: LocalCluster) -> dict[int, tuple[float, float]]:
+    """(user, system) CPU seconds each receiving node process used so far, by node id."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for node_id, n in recv.nodes.items():
         if n.proc is None:
             continue
         try:
@@ -107,8 +108,13 @@ def node_cpu_s(recv: LocalCluster) -> float:
                 f = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        out[node_id] = (int(f[11]) / tick, int(f[12]) / tick)
+    return out
+
+
+def node_cpu_s(recv: LocalCluster) -> float:
+    """CPU seconds (user + system) the receiving node processes used so far."""
+    return sum(u + s for u, s in node_cpu_split(recv).values())
 
 
 def ship(edge: str, recv: LocalCluster, *extra: str, env: dict | None = None) -> tuple[float, str, int]:
@@ -205,9 +211,19 @@ def main() -> int:
             recv = receiver(os.path.join(base, f"recv{n}"), n)
             try:
                 shutil.rmtree(os.path.join(edge, "ship"), ignore_errors=True)
+                split0, t0s = node_cpu_split(recv), os.times()
                 cpu0 = children_cpu_s() + node_cpu_s(recv)
                 secs, text, rc = ship(edge, recv)
                 cpu = children_cpu_s() + node_cpu_s(recv) - cpu0
+                t1s, split1 = os.times(), node_cpu_split(recv)
+                # Where the CPU went (user + system seconds): which process bounds a run.
+                parts = [f"vrepl ship {t1s.children_user - t0s.children_user:.2f}"
+                         f"+{t1s.children_system - t0s.children_system:.2f}"]
+                for node_id in sorted(split1):
+                    u0, s0 = split0.get(node_id, (0.0, 0.0))
+                    u1, s1 = split1[node_id]
+                    parts.append(f"n{node_id} {u1 - u0:.2f}+{s1 - s0:.2f}")
+                print(f"  CPU s (user+system) by process: {', '.join(parts)}", flush=True)
                 if rc != 0:         # a figure of its own (e.g. the load never committed)
                     last = text.strip().splitlines()[-1] if text.strip() else ""
                     note(f"first full ship, {n} replica(s)", f"FAILED after {secs:.2f} s (exit {rc}): {last[:300]}")

@@ -181,7 +181,7 @@ def test_disk_full_during_restore_keeps_old_data(group, tmp_path, monkeypatch, c
 
 
 def test_disk_full_injected_enospc_keeps_old_data(tmp_path, monkeypatch):
-    """Without root: os.write raising ENOSPC while staging."""
+    """Without root: the staging writes (os.write, os.pwritev) raising ENOSPC."""
     import errno
 
     from vrepl.restore import receiver as R
@@ -213,7 +213,13 @@ def test_disk_full_injected_enospc_keeps_old_data(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data[:1000])
 
+    def full_pwritev(fd, buffers, offset):
+        # The receiver writes around the page cache (vrepl/directio.py): the disk is full
+        # at its first direct write.
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(R.os, "write", full_write)
+    monkeypatch.setattr(R.os, "pwritev", full_pwritev)
     with pytest.raises(DiskFull, match="no space left.*intact"):
         run_fake_sender(serve, DirSink(str(dest)))
     assert (dest / "data" / "old.bin").read_bytes() == b"old"

@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Protocol
 
 from vrepl._core import crc32c as _crc
 from vrepl.config import parse_endpoint
+from vrepl.directio import SequentialWriter
 from vrepl.errors import FetchFailed, FrameError
 from vrepl.killpoints import killpoint, register
 from vrepl.node.config import NodeConfig, VgroupSpec
@@ -252,14 +253,18 @@ class Fetcher(OfHost):
                      0o644)
         crc = 0
         ok = False
+        # Around the page cache: this replica reads the file only if it becomes master
+        # (vrepl/directio.py says why).
+        writer = SequentialWriter(fd)
         try:
             def take(view: memoryview) -> None:
                 nonlocal crc
                 crc = _crc.crc32c(view, crc)
-                off = 0
-                while off < len(view):
-                    off += os.write(fd, view[off:])
-            stream.recv_raw(f.size, take)
+                writer.write(view)
+            try:
+                stream.recv_raw(f.size, take)
+            finally:
+                writer.finish()
             self._count("checksum_bytes_received", f.size)
             if (crc or 1) != f.crc32c:
                 return f"sent file {k} with magic {crc or 1:#010x}, the record says {f.crc32c:#010x}"

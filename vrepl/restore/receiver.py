@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 
 from vrepl._core import crc32c as _crc
 from vrepl._core import record as _rec
+from vrepl.directio import SequentialWriter
 from vrepl.restore import protocol as P
 from vrepl.restore.errors import BadData, DiskFull, PeerError, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined, make_parents
@@ -116,6 +117,9 @@ class _ChunkWriter:
         self.crc = 0
         self.written = 0
         self.error: BaseException | None = None
+        # Around the page cache: a restored file is read back once, for its magic, if at all
+        # (vrepl/directio.py says why).
+        self._out = SequentialWriter(fd)
         self._q: queue.Queue = queue.Queue(maxsize=1)
         self._t = threading.Thread(target=self._run, name="vrepl-restore-write", daemon=True)
         self._t.start()
@@ -129,25 +133,32 @@ class _ChunkWriter:
         while True:
             view = self._q.get()
             if view is None:
+                try:
+                    self._out.finish()
+                except OSError as exc:
+                    self._failed(exc)
                 return
             if self.error is not None:
                 continue
             try:
                 self.crc = _crc.crc32c(view, self.crc)
-                off = 0
-                while off < len(view):
-                    off += os.write(self.fd, view[off:])
+                self._out.write(view)
                 self.written += len(view)
                 if self.progress is not None:
                     self.progress(len(view))
             except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    self.error = DiskFull(f"no space left on device while staging {self.name} ({self.written} of"
-                                          f" {self.size} bytes) under {self.data_path}: the previous data is intact")
-                else:
-                    self.error = RestoreError(f"cannot write {self.tmp}: {exc.strerror}", restart=False)
+                self._failed(exc)
             except BaseException as exc:  # handed to the receiving thread
                 self.error = exc
+
+    def _failed(self, exc: OSError) -> None:
+        if self.error is not None:
+            return
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.error = DiskFull(f"no space left on device while staging {self.name} ({self.written} of"
+                                  f" {self.size} bytes) under {self.data_path}: the previous data is intact")
+        else:
+            self.error = RestoreError(f"cannot write {self.tmp}: {exc.strerror}", restart=False)
 
     def finish(self) -> None:
         self._q.put(None)
