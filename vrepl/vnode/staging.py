@@ -473,6 +473,10 @@ def clean_staging(path: str, keep_rounds: set[str], clear_incoming: bool = True)
 
 # -- checking a producer's file -------------------------------------------------------------------
 
+KEY_COLUMNS = ["ts", "_version", "_epoch"]
+KEYS_BY_TABLE_ROWS = 1_000_000     # above: the key columns are read by pq.read_table
+
+
 def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
                schemas: Mapping[str, Mapping[str, str]], size: int | None = None,
                magic: int | None = None, magic_from_write: bool = False
@@ -509,11 +513,21 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
                 f" {magic:#010x}"), None
     try:
         with pa.memory_map(full) as src:
-            schema = pq.ParquetFile(src).schema_arrow
-            # read_table reads the three columns in about half the time ParquetFile.read
-            # takes on one thread (12 vs 23 ms for 2.1 M rows, docs/benchmarks.md §Bulk).
-            keys = pq.read_table(src, columns=["ts", "_version", "_epoch"], use_threads=False) \
-                if all(c in schema.names for c in ("ts", "_version", "_epoch")) else None
+            pf = pq.ParquetFile(src, pre_buffer=False)
+            schema = pf.schema_arrow
+            if not all(c in schema.names for c in KEY_COLUMNS):
+                keys = None
+            elif pf.metadata.num_rows > KEYS_BY_TABLE_ROWS:
+                # A large file: read_table reads the three columns in about half the time
+                # ParquetFile.read takes on one thread (12 vs 23 ms for 2.1 M rows,
+                # docs/benchmarks.md §Bulk) ...
+                keys = pq.read_table(src, columns=KEY_COLUMNS, use_threads=False)
+            else:
+                # ... a small one (a shipped file: 30,000 rows) in about half of read_table's
+                # time through the footer already parsed (0.7-1.1 against 1.2-3.3 ms): the
+                # dataset read_table builds costs more than the columns (docs/benchmarks.md
+                # §Shipping, fifth session).
+                keys = pf.read(columns=KEY_COLUMNS, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"{name}: not a readable Parquet file: {first}", None
