@@ -22,6 +22,7 @@ files, or read anything but the partial block a resumed file starts in.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import fcntl
 import mmap
@@ -38,6 +39,9 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 # replaces. As many as writers ran at once are kept.
 _free: list[memoryview] = []
 _free_lock = threading.Lock()
+# Runs each writer's full-buffer writes, one at a time per writer (it waits for its last
+# before it hands over the next), so a writer's bytes land in order.
+_pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="vrepl-directio")
 
 
 def _take_buffer(size: int) -> memoryview:
@@ -58,16 +62,24 @@ class SequentialWriter:
     """Writes `fd` front to back from `offset` (the file must end there: the caller
     truncated it). `write(piece)` any number of times, then `finish()` (also after an error:
     it writes what the buffer holds, so a cut transfer keeps every byte it received).
-    `direct` says whether O_DIRECT is in use; OSError of a write (ENOSPC) is the caller's."""
+    `direct` says whether O_DIRECT is in use; OSError of a write (ENOSPC) is the caller's,
+    raised by the `write` or `finish` after it (a full buffer is written on a pool thread
+    while the next one fills: a direct write waits for the disk). `finish()` must run before
+    `fd` is closed: a write may still be in flight until then."""
 
     def __init__(self, fd: int, offset: int = 0, *, direct: bool = True,
                  buffer_bytes: int = BUFFER_BYTES) -> None:
         self.fd = fd
         self.end = offset               # the file's true length so far
         self.direct = bool(direct and _O_DIRECT) and _set_direct(fd, True)
+        self._pending: concurrent.futures.Future | None = None
+        self._failed = False
+        self._pending_pos = 0           # where the write in flight starts
         if not self.direct:
             return
-        self._buf = _take_buffer(max(DIRECT_BLOCK_BYTES, buffer_bytes - buffer_bytes % DIRECT_BLOCK_BYTES))
+        size = max(DIRECT_BLOCK_BYTES, buffer_bytes - buffer_bytes % DIRECT_BLOCK_BYTES)
+        self._buf = _take_buffer(size)
+        self._spare = _take_buffer(size)
         head = offset % DIRECT_BLOCK_BYTES
         self._pos = offset - head       # the file offset of the buffer's first byte (aligned)
         self._fill = 0
@@ -95,7 +107,7 @@ class SequentialWriter:
             i += take
             self.end += take
             if self._fill == cap:
-                self._flush(cap)
+                self._flush(cap, wait=False)
 
     def finish(self) -> None:
         """Write what the buffer holds and leave the file exactly `end` bytes long. When a
@@ -104,16 +116,18 @@ class SequentialWriter:
             return
         ok = False
         try:
+            if self._failed:            # raised already, by the write that failed
+                return
             fill = self._fill
-            if fill:
-                padded = -(-fill // DIRECT_BLOCK_BYTES) * DIRECT_BLOCK_BYTES
-                self._buf[fill:padded] = bytes(padded - fill)
-                self._flush(padded)
-                if padded != fill:
-                    os.ftruncate(self.fd, self.end)
+            padded = -(-fill // DIRECT_BLOCK_BYTES) * DIRECT_BLOCK_BYTES
+            self._buf[fill:padded] = bytes(padded - fill)
+            self._flush(padded, wait=True)
+            if padded != fill:
+                os.ftruncate(self.fd, self.end)
             ok = True
         finally:
             if not ok:
+                self._abandon()
                 try:
                     os.ftruncate(self.fd, self._pos)
                 except OSError:
@@ -124,28 +138,66 @@ class SequentialWriter:
         os.lseek(self.fd, self.end, os.SEEK_SET)
 
     # -- inside ------------------------------------------------------------------------------------
-    def _flush(self, length: int) -> None:
-        """Write the buffer's first `length` bytes (a multiple of the block) at `_pos`."""
+    def _flush(self, length: int, wait: bool) -> None:
+        """Write the buffer's first `length` bytes (a multiple of the block) at `_pos`: on
+        the pool once the write before it is done, or here when `wait`."""
         real = min(length, self._fill)
-        try:
-            done = os.pwritev(self.fd, [self._buf[:length]], self._pos)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            done = 0
-        if done < length:
-            # Refused (EINVAL: the file system needs an alignment beyond ours) or short (a
-            # full disk): the rest of this buffer, and every later byte, through ordinary
-            # writes, which say why they stop.
-            _set_direct(self.fd, False)
-            if done < real:
-                _write_at(self.fd, self._buf[done:real], self._pos + done)
+        if self._wait():                    # the write before fell back to ordinary writes
+            _write_at(self.fd, self._buf[:real], self._pos)
             self._pos += real
             self._fill = 0
             self._fallback()
             return
+        if length:
+            if wait:
+                if self._write_job(self._buf, length, real, self._pos):
+                    self._fallback()
+            else:
+                self._pending_pos = self._pos
+                self._pending = _pool.submit(self._write_job, self._buf, length, real, self._pos)
+                self._buf, self._spare = self._spare, self._buf
         self._pos += real
         self._fill = 0
+
+    def _write_job(self, buf: memoryview, length: int, real: int, pos: int) -> bool:
+        """Write buf[:length] at `pos`; True when it fell back to an ordinary write."""
+        try:
+            done = os.pwritev(self.fd, [buf[:length]], pos)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            done = 0
+        if done >= length:
+            return False
+        # Refused (EINVAL: the file system needs an alignment beyond ours) or short (a full
+        # disk): the rest of this buffer, and every later byte, through ordinary writes,
+        # which say why they stop.
+        _set_direct(self.fd, False)
+        if done < real:
+            _write_at(self.fd, buf[done:real], pos + done)
+        return True
+
+    def _wait(self) -> bool:
+        """The write in flight is done (True if it fell back to ordinary writes); its error
+        is raised here, and finish() then cuts the file back to where that write started."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return False
+        try:
+            return bool(pending.result())
+        except BaseException:
+            self._pos, self._fill = self._pending_pos, 0
+            self._failed = True
+            raise
+
+    def _abandon(self) -> None:
+        """After an error: let a write still in flight end before the file is cut back."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException:
+                self._pos = min(self._pos, self._pending_pos)
 
     def _read_block(self, pos: int) -> int:
         try:
@@ -154,14 +206,16 @@ class SequentialWriter:
             return -1
 
     def _fallback(self) -> None:
-        """Ordinary writes from here on (the buffer is empty or already written)."""
+        """Ordinary writes from here on (the buffers are empty or already written)."""
         self._release()
         os.lseek(self.fd, self.end, os.SEEK_SET)
 
     def _release(self) -> None:
         _set_direct(self.fd, False)     # the caller's later I/O on `fd` needs no alignment
-        _give_back(self._buf)
-        self._buf = memoryview(b"")
+        for view in (self._buf, self._spare):
+            if len(view):
+                _give_back(view)
+        self._buf = self._spare = memoryview(b"")
         self.direct = False
 
 

@@ -120,6 +120,9 @@ def test_a_full_disk_is_the_callers_error(tmp_path):
                 finally:
                     w.finish()
             assert err.value.errno in (errno.ENOSPC, errno.EDQUOT)
+            # What the file holds is a prefix of what was written, every byte of it real.
+            assert os.fstat(fd).st_size == w.end <= 1 << 20
+            assert os.pread(fd, w.end, 0) == b"\1" * w.end
         finally:
             os.close(fd)
     finally:
