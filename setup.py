@@ -25,7 +25,7 @@ def core_extension(name: str, with_crc: bool = True) -> Extension:
 
 setup(
     ext_modules=cythonize(
-        [core_extension("crc32c"), core_extension("record"), core_extension("framebuf"), core_extension("window", with_crc=False), core_extension("wire"),
+        [core_extension("crc32c"), core_extension("frame"), core_extension("record"), core_extension("framebuf"), core_extension("window", with_crc=False), core_extension("wire"),
          core_extension("rows", with_crc=False), core_extension("memcols", with_crc=False)],
         compiler_directives={"language_level": "3", "embedsignature": True},
         include_path=["."],

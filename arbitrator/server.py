@@ -30,8 +30,8 @@ from vrepl.replica.lease import (DEFAULT_CLOCK_DRIFT_RATIO, DEFAULT_LEASE_ALLOWA
                                  LeaseTable, lease_margin_refusal)
 from vrepl.replica.messages import ArbitratorGrant, ArbitratorRequest
 from vrepl.transport import codec
-from vrepl.transport.handshake import (HANDSHAKE_MAX_FRAME_BYTES, FramedStream,
-                                       HandshakeError, server_handshake)
+from vrepl.transport.framed import FramedStream, server_handshake
+from vrepl.transport.handshake import HANDSHAKE_MAX_FRAME_BYTES, HandshakeError
 
 log = logging.getLogger("vrepl.arbitrator")
 

@@ -76,8 +76,8 @@ def callgrind_profile(iterations: int, records: int, size: int) -> dict[str, flo
 
 
 def short(name: str) -> str:
-    """'/path/record.c:__pyx_f_5vrepl_5_core_6record_write_record.part.0' ->
-    'record.c: write_record.part.0' (Cython prefixes each module path part with its length;
+    """'/path/frame.c:__pyx_f_5vrepl_5_core_5frame_write_record.part.0' ->
+    'frame.c: write_record.part.0' (Cython prefixes each module path part with its length;
     a wrapper's name keeps the counter Cython puts before it, e.g. '3encode_records')."""
     path, _, func = name.rpartition(":")
     m = re.match(r"__pyx_[a-z]+_", func)

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import vrepl
 from vrepl.errors import (CliError, ConfigError, DirInUseError, ListenError, VreplError,
@@ -298,27 +298,68 @@ or --no-spark), 3 interrupted.
 docs: docs/operations.md (`vrepl demo`), docs/validation.md (the Spark validation)"""
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands whose parsers live in the module that implements them, in the order
+# `vrepl --help` lists them. Importing such a module loads its command's implementation: the
+# validation job's package loads pyarrow and numpy, `vrepl restore` the vnode and the WAL.
+# So build_parser() adds only the parsers of the command being run (`vrepl ship` starts
+# without any of that, issue 16), and all of them when no command is named (`vrepl --help`
+# lists every command; a mistyped name gets argparse's list of choices). It is the same rule
+# as the cmd_* functions above, which import a command's modules when it runs; it dodges no
+# import cycle (tests/unit/test_layering.py counts these imports like any other).
+
+def _add_validate(sub: Any) -> None:
+    # `vrepl validate` (the Spark job, docs/validation.md); pyspark itself is imported only
+    # when a validation runs.
+    from vrepl.spark import cli as spark_cli
+    spark_cli.add_parser(sub)
+
+
+def _add_restore(sub: Any) -> None:
+    # `vrepl restore` and `vrepl replay` (docs/restore.md); each returns its exit code.
+    from vrepl.restore.cli import add_parsers
+    add_parsers(sub)
+
+
+def _add_ship(sub: Any) -> None:
+    # `vrepl ship` and `vrepl ship-owner` (docs/ship.md); each returns its exit code.
+    from vrepl.ship.cli import add_parsers
+    add_parsers(sub)
+
+
+def _add_txn(sub: Any) -> None:
+    # `vrepl txn list|show|abort` (docs/transactions.md).
+    from vrepl.node import txncli
+    txncli.add_parsers(sub, add_node_access_options, cmd_txn)
+
+
+COMMAND_MODULES: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
+    (("validate",), _add_validate),
+    (("restore", "replay"), _add_restore),
+    (("ship", "ship-owner"), _add_ship),
+    (("txn",), _add_txn),
+)
+OWN_COMMANDS = frozenset({"wal", "node", "status", "demo", "bench"})   # defined below
+
+
+def command_named(argv: Sequence[str]) -> str | None:
+    """The command `argv` runs: its first word that is not an option (the top-level options
+    take no value), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `vrepl` parser: with `command`, a command of COMMAND_MODULES or of this module,
+    only that command's module is imported for its parser; otherwise every command's."""
     p = argparse.ArgumentParser(prog="vrepl", description="vrepl: master-slave replication for"
                                 " time-series vnodes (TDengine 2.0 style)")
     p.add_argument("--version", action="version", version=f"vrepl {vrepl.__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log library events to stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    # `vrepl validate` (the Spark job, docs/validation.md); pyspark itself is imported only
-    # when a validation runs.
-    from vrepl.spark import cli as spark_cli
-    spark_cli.add_parser(sub)
-    # `vrepl restore` and `vrepl replay` (docs/restore.md); each returns its exit code.
-    from vrepl.restore.cli import add_parsers as add_restore_parsers
-    add_restore_parsers(sub)
-    # `vrepl ship` and `vrepl ship-owner` (docs/ship.md); each returns its exit code.
-    from vrepl.ship.cli import add_parsers as add_ship_parsers
-    add_ship_parsers(sub)
-
-    # `vrepl txn list|show|abort` (docs/transactions.md).
-    from vrepl.node import txncli
-    txncli.add_parsers(sub, add_node_access_options, cmd_txn)
+    known = OWN_COMMANDS.union(*(names for names, _ in COMMAND_MODULES))
+    for names, add in COMMAND_MODULES:
+        if command not in known or command in names:
+            add(sub)
 
     w = sub.add_parser("wal", help="inspect, verify and repair a WAL directory")
     wsub = w.add_subparsers(dest="wal_command", metavar="WAL_COMMAND")
@@ -416,7 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(str(exc))
         return EXIT_USAGE
     print_one_line("vrepl")     # a setting given by its old name: one warning line
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(command_named(argv))
     args = parser.parse_args(argv)
     # The library logs what it does (a repair, say); the CLI prints its own one-line summary,
     # so library logs are shown only with --verbose.

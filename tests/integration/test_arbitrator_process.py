@@ -11,7 +11,8 @@ import pytest
 from vrepl.replica.messages import ArbitratorGrant, ArbitratorRequest
 from vrepl.testing.arbitrator_proc import ArbitratorProcess
 from vrepl.transport import codec
-from vrepl.transport.handshake import FramedStream, HandshakeError, client_handshake
+from vrepl.transport.framed import FramedStream, client_handshake
+from vrepl.transport.handshake import HandshakeError
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"arbitrator-test-secret"

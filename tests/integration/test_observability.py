@@ -26,7 +26,8 @@ from vrepl.replica.messages import ArbitratorRequest
 from vrepl.testing.arbitrator_proc import ArbitratorProcess
 from vrepl.transport import codec
 from vrepl.transport.codec import ConnKind
-from vrepl.transport.handshake import ClientHandshake, FramedStream, client_handshake
+from vrepl.transport.framed import FramedStream, client_handshake
+from vrepl.transport.handshake import ClientHandshake
 
 pytestmark = pytest.mark.timeout(120)
 

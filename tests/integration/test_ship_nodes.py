@@ -85,11 +85,12 @@ def gen_rows(tables: list[str], n: int, bucket: int = 0, ts0: int = 0, value: fl
 
 
 def ship(edge: Edge, recv: LocalCluster, *extra: str, sender_id: int = 7, secret: str = SECRET,
-         env: dict | None = None, timeout_s: float = 120.0, data: str | None = None) -> subprocess.CompletedProcess:
+         env: dict | None = None, timeout_s: float = 120.0, data: str | None = None,
+         python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     to = ",".join(n.replication for n in recv.nodes.values())
     e = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
     e.update(VREPL_SHIP_SECRET=secret, **(env or {}))
-    return subprocess.run(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", data or edge.vg,
+    return subprocess.run(python_argv(*python_flags, "-m", "vrepl.cli", "ship", "--to", to, "--data", data or edge.vg,
                                       "--sender-id", str(sender_id), "--vgroup", str(VG),
                                       "--retries", "2", *extra),
                           env=e, capture_output=True, text=True, timeout=timeout_s)
@@ -279,6 +280,25 @@ def test_a_large_round_loads_while_receiving_and_a_replacement_waits_for_its_del
         assert receiver_rows(recv, 1, tables) == edge.rows(tables)
         assert archive_keys(node_vg(recv, 1), True) == archive_keys(edge.vg, False)
         assert leftovers(recv) == [] and sender_leftovers(edge) == []
+    finally:
+        recv.close()
+
+
+def test_a_round_imports_neither_pyarrow_nor_numpy(tmp_path, edge):
+    """The sender process reads the vnode's manifest and ships its files as bytes: a whole
+    round, not only its start, runs without pyarrow and numpy (issue 16; docs/ship.md §12)."""
+    tables = ["cpu", "mem"]
+    edge.write(gen_rows(tables, 50))
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once", python_flags=("-X", "importtime"))
+        assert p.returncode == EXIT_OK, p.stderr[-2000:]
+        assert "2 of 2 new files loaded" in p.stdout, p.stdout
+        imported = {line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines()
+                    if line.startswith("import time:") and line.count("|") == 2}
+        assert {"vrepl.ship.sender", "socket"} <= imported       # the report is read right
+        assert not {m for m in imported if m.split(".")[0] in ("numpy", "pyarrow")}
+        assert receiver_rows(recv, 1, tables) == edge.rows(tables)
     finally:
         recv.close()
 

@@ -61,5 +61,5 @@ def test_callgrind_profile_attributes_instructions_to_the_codecs():
     # iteration, are asserted on.
     per_fn = cg.callgrind_profile(20, 10, 100)
     crc = sum(v for k, v in per_fn.items() if "crc32c" in k)
-    write_record = sum(v for k, v in per_fn.items() if k.endswith("record_write_record"))
+    write_record = sum(v for k, v in per_fn.items() if k.endswith("frame_write_record"))
     assert crc > 0 and write_record > 0

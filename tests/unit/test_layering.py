@@ -32,7 +32,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("replica", ("vrepl.replica", "vrepl.txn")),    # events in, actions out (txn: records in)
     ("core", ("vrepl._core",)),                     # Cython, no I/O
     ("base", ("vrepl", "vrepl.errors", "vrepl.exitcodes", "vrepl.untrusted", "vrepl.child",
-              "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed", "vrepl.killpoints")),  # leaves
+              "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed", "vrepl.killpoints",
+              # shared by the vnode and `vrepl ship`, which must not load the vnode (issue 16):
+              # name rules, durable writes, the manifest's format, a command's secret
+              "vrepl.names", "vrepl.durable", "vrepl.manifest", "vrepl.secretfile")),  # leaves
 )
 # Prefixes that name one module only, not the modules under it ("vrepl" is the package's
 # __init__, its version; every other module of vrepl must be placed on purpose).

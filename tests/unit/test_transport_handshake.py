@@ -9,15 +9,13 @@ import pytest
 
 from vrepl.transport import codec
 from vrepl.transport.codec import Auth, Challenge, ConnKind, Hello, Welcome
+from vrepl.transport.framed import FramedStream, client_handshake, server_handshake
 from vrepl.transport.handshake import (
     HANDSHAKE_MAX_FRAME_BYTES,
     ClientHandshake,
-    FramedStream,
     HandshakeError,
     ServerHandshake,
-    client_handshake,
     make_proof,
-    server_handshake,
 )
 
 SECRET = b"cluster-secret"

@@ -1,5 +1,5 @@
-"""vrepl's compiled core: Cython extensions without I/O (crc32c, record, framebuf, window,
-wire, rows, memcols; the .pxd files are their contracts, .pyi stubs for Python callers).
+"""vrepl's compiled core: Cython extensions without I/O (crc32c, frame, record, framebuf,
+window, wire, rows, memcols; the .pxd files are their contracts, .pyi stubs for Python callers).
 
 Owns only the check below: when this package is a source tree whose extensions were never
 built (typically a clone in the current directory that shadows the installed vrepl, since
@@ -14,7 +14,7 @@ from importlib.machinery import EXTENSION_SUFFIXES as _SUFFIXES
 
 from vrepl.errors import CoreNotBuiltError
 
-EXTENSIONS = ("crc32c", "record", "framebuf", "window", "wire", "rows", "memcols")
+EXTENSIONS = ("crc32c", "frame", "record", "framebuf", "window", "wire", "rows", "memcols")
 
 
 def _missing() -> list[str]:

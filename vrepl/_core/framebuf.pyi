@@ -1,6 +1,7 @@
 from typing_extensions import Buffer  # collections.abc.Buffer is Python 3.12+
 
-from vrepl._core.record import Record, ScanResult
+from vrepl._core.frame import Record
+from vrepl._core.record import ScanResult
 
 class FrameBuffer:
     max_payload_len: int

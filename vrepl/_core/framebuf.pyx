@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Frame buffer: accumulates bytes from a stream and returns whole, verified records.
 
-Owns: reassembly of records (record.pxd layout) split across reads. Never raises for partial
+Owns: reassembly of records (frame.pxd layout) split across reads. Never raises for partial
 input: a frame that is not complete yet is simply not returned. Raises FrameError for bytes
 that can never become a valid frame (bad signature, header checksum, oversize length, payload
 checksum), naming the stream offset, so the connection owner can close the connection.
@@ -13,9 +13,13 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memmove
 
 from vrepl._core.crc32c cimport vrepl_crc32c, vrepl_crc32c_init
-from vrepl._core.record cimport (Header, parse_header, HEADER_SIZE, SCAN_OK, SCAN_INCOMPLETE,
-                                  SCAN_BAD_PAYLOAD_CRC, Record, ScanResult, scan_buffer)
-from vrepl._core.record import REASONS, DEFAULT_MAX_PAYLOAD_BYTES
+from vrepl._core.frame cimport (Header, parse_header, HEADER_SIZE, SCAN_OK, SCAN_INCOMPLETE,
+                                 SCAN_BAD_PAYLOAD_CRC, Record)
+from vrepl._core.frame import REASONS, DEFAULT_MAX_PAYLOAD_BYTES
+# take_block() indexes its block with the WAL's scan (numpy arrays): a sync client that only
+# frames records on its connection (`vrepl ship`, a restore client) uses the frame codec
+# directly and never loads this module (vrepl/transport/handshake.py does not need it).
+from vrepl._core.record cimport ScanResult, scan_buffer
 
 from vrepl.errors import FrameError
 

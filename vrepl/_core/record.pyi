@@ -1,36 +1,29 @@
-from collections.abc import Sequence
-
 from typing_extensions import Buffer  # collections.abc.Buffer is Python 3.12+
 
 import numpy as np
 import numpy.typing as npt
 
-HEADER_SIZE_BYTES: int
-RECORD_SIGNATURE: int
-DEFAULT_MAX_PAYLOAD_BYTES: int
-MAX_PAYLOAD_LIMIT_BYTES: int
-STATUS_OK: int
-STATUS_INCOMPLETE: int
-STATUS_ZERO: int
-STATUS_BAD_SIGNATURE: int
-STATUS_BAD_HEADER_CRC: int
-STATUS_BAD_FLAGS: int
-STATUS_TOO_LARGE: int
-STATUS_BAD_PAYLOAD_CRC: int
-STATUS_VERSION_GAP: int
-REASONS: dict[int, str | None]
-
-class Record:
-    msg_type: int
-    schema_version: int
-    flags: int
-    version: int
-    epoch: int
-    payload: bytes
-    def __init__(self, msg_type: int, version: int, epoch: int, payload: bytes,
-                 schema_version: int = 1, flags: int = 0) -> None: ...
-    def encode(self) -> bytes: ...
-    def describe(self) -> str: ...
+# The frame codec, re-exported (vrepl/_core/frame.pyx owns it).
+from vrepl._core.frame import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
+from vrepl._core.frame import HEADER_SIZE_BYTES as HEADER_SIZE_BYTES
+from vrepl._core.frame import MAX_PAYLOAD_LIMIT_BYTES as MAX_PAYLOAD_LIMIT_BYTES
+from vrepl._core.frame import REASONS as REASONS
+from vrepl._core.frame import RECORD_SIGNATURE as RECORD_SIGNATURE
+from vrepl._core.frame import STATUS_BAD_FLAGS as STATUS_BAD_FLAGS
+from vrepl._core.frame import STATUS_BAD_HEADER_CRC as STATUS_BAD_HEADER_CRC
+from vrepl._core.frame import STATUS_BAD_PAYLOAD_CRC as STATUS_BAD_PAYLOAD_CRC
+from vrepl._core.frame import STATUS_BAD_SIGNATURE as STATUS_BAD_SIGNATURE
+from vrepl._core.frame import STATUS_INCOMPLETE as STATUS_INCOMPLETE
+from vrepl._core.frame import STATUS_OK as STATUS_OK
+from vrepl._core.frame import STATUS_TOO_LARGE as STATUS_TOO_LARGE
+from vrepl._core.frame import STATUS_VERSION_GAP as STATUS_VERSION_GAP
+from vrepl._core.frame import STATUS_ZERO as STATUS_ZERO
+from vrepl._core.frame import Record as Record
+from vrepl._core.frame import decode_record as decode_record
+from vrepl._core.frame import encode_batch as encode_batch
+from vrepl._core.frame import encode_packed as encode_packed
+from vrepl._core.frame import encode_record as encode_record
+from vrepl._core.frame import header_invalid as header_invalid
 
 class ScanResult:
     versions: npt.NDArray[np.uint64]
@@ -51,11 +44,3 @@ class ScanResult:
 def scan(data: Buffer, start: int = 0, stop: int = -1,
          max_payload_len: int = ..., verify_payload: bool = True,
          expect_version: int = 0, contiguous: bool = False) -> ScanResult: ...
-def header_invalid(data: Buffer, offset: int = 0, max_payload_len: int = ...) -> str | None: ...
-def decode_record(data: Buffer, offset: int = 0, max_payload_len: int = ...) -> Record: ...
-def encode_record(msg_type: int, version: int, epoch: int, payload: Buffer,
-                  schema_version: int = 1) -> bytes: ...
-def encode_batch(msg_type: int, first_version: int, epoch: int, payloads: Sequence[Buffer],
-                 schema_version: int = 1) -> bytes: ...
-def encode_packed(msg_type: int, first_version: int, epoch: int, data: Buffer,
-                  lengths: npt.NDArray[np.uint32], schema_version: int = 1) -> bytes: ...

@@ -21,10 +21,8 @@ from libc.math cimport isfinite
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except? NULL
 
-import re
-
-TABLE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,191}")
-COLUMN_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+# The same name rules as the Python validator: one definition (vrepl/names.py).
+from vrepl.names import COLUMN_NAME_RE, TABLE_NAME_RE
 
 cdef object _table_match = TABLE_NAME_RE.fullmatch
 cdef object _column_match = COLUMN_NAME_RE.fullmatch

@@ -17,9 +17,9 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
 from vrepl._core.crc32c cimport vrepl_crc32c, vrepl_crc32c_init
-from vrepl._core.record cimport (Header, parse_header, write_record, HEADER_SIZE, SIGNATURE,
-                                  SCAN_OK)
-from vrepl._core.record import REASONS
+from vrepl._core.frame cimport (Header, parse_header, write_record, HEADER_SIZE, SIGNATURE,
+                                 SCAN_OK)
+from vrepl._core.frame import REASONS
 
 from vrepl.errors import FrameError
 

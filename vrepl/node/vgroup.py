@@ -36,7 +36,7 @@ from vrepl.node.vgroup_client import KIND_ARROW, KIND_JSON, KIND_LINES, VgroupCl
 from vrepl.node.vgroup_restore import (NEEDS_RESTORE, SELF_RESTORE_RETRY_MAX_MS, SERVING,
                                        VgroupSelfRestore)
 from vrepl.replica import AckStatus, ConfirmStatus, invariant
-from vrepl.restore import recover_interrupted_swap
+from vrepl.restore.receiver import recover_interrupted_swap
 from vrepl.sync import FlowControlError, NotRunningError, SyncCallbacks, SyncInstance, SyncObservers
 from vrepl.vnode import Vnode
 from vrepl.vnode.errors import VnodeError

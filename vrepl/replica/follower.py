@@ -12,7 +12,7 @@ transition drops it (role.py); change the role but through the Replica's transit
 
 from __future__ import annotations
 
-from vrepl._core.record import HEADER_SIZE_BYTES as RECORD_HEADER_BYTES
+from vrepl._core.frame import HEADER_SIZE_BYTES as RECORD_HEADER_BYTES
 from vrepl.replica.actions import (
     LogLevel,
     PersistBatch,

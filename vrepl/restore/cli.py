@@ -38,6 +38,7 @@ from vrepl.exitcodes import EXIT_FAILED, EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK,
 from vrepl.restore.dirsink import DirSink
 from vrepl.restore.receiver import Receiver, recover_interrupted_swap
 from vrepl.restore.stream import connect_sync
+from vrepl.secretfile import read_secret
 from vrepl.transport.codec import RESTORE_TOOL_NODE_ID, ConnKind
 from vrepl.untrusted import printable
 from vrepl.vnode import Vnode
@@ -91,22 +92,6 @@ def _progress(enabled: bool, counts: bool = False):
     speed = TextColumn("") if counts else TransferSpeedColumn()
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), amount, speed, TimeRemainingColumn(),
                     console=Console(stderr=True), transient=False)
-
-
-def read_secret(secret_file: str | None, env_name: str, what: str) -> bytes:
-    """The secret in `secret_file` (stripped), else in $`env_name`; CliError (usage) if it
-    cannot be read or is empty. `what` names it in the error ("cluster secret")."""
-    if secret_file:
-        try:
-            with open(secret_file, "rb") as fh:
-                secret = fh.read().strip()
-        except OSError as exc:
-            raise CliError(f"{secret_file}: {exc.strerror}", EXIT_USAGE) from None
-    else:
-        secret = os.environ.get(env_name, "").encode()
-    if not secret:
-        raise CliError(f"no {what}: pass --secret-file or set ${env_name}", EXIT_USAGE)
-    return secret
 
 
 def _read_secret(args: argparse.Namespace) -> bytes:

@@ -16,7 +16,7 @@ import socket
 import struct
 from typing import Callable
 
-from vrepl._core import record as _rec
+from vrepl._core import frame as _rec
 from vrepl.errors import FrameError
 from vrepl.restore import protocol as P
 from vrepl.restore.errors import PeerError

@@ -35,7 +35,7 @@ from typing import Any
 from vrepl.config import parse_endpoint
 from vrepl.dirlock import DirInUseError, lock_dir
 from vrepl.errors import CliError, ConfigError
-from vrepl.restore.cli import read_secret
+from vrepl.secretfile import read_secret
 from vrepl.ship.errors import EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE, ShipError
 from vrepl.ship.sender import RoundResult, Sender, SenderOptions
 from vrepl.ship.state import SenderDir

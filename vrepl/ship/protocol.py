@@ -35,7 +35,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from vrepl._core import record as _rec
+from vrepl._core import frame as _rec
 from vrepl.errors import FrameError
 from vrepl.untrusted import printable
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 
 from vrepl._core import crc32c as _crc
+from vrepl.errors import ArchiveError
+from vrepl.manifest import MANIFEST_NAME, Manifest
+from vrepl.names import TABLE_NAME_RE
 from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import StateError, UnsafeName
 from vrepl.ship.state import LAST_LIST, FileList, Key, ListSummary, SenderDir, fingerprint
-from vrepl.vnode.errors import ArchiveError
-from vrepl.vnode.files import MANIFEST_NAME, Manifest
-from vrepl.vnode.rows import TABLE_NAME_RE
 
 CRC_CHUNK_BYTES = 16 * 1024 * 1024
 

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 from vrepl.errors import InvariantViolation
 from vrepl.killpoints import killpoint, register
+from vrepl.manifest import Manifest
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError
 from vrepl.ship.round import RoundResult, SenderOptions
@@ -56,7 +57,6 @@ from vrepl.ship.state import (
     load_uuid,
 )
 from vrepl.ship.stream import ShipStream, connect
-from vrepl.vnode.files import Manifest
 
 log = logging.getLogger("vrepl.ship")
 

@@ -29,9 +29,9 @@ import uuid as _uuid
 from dataclasses import dataclass
 from typing import Iterable
 
+from vrepl.durable import fsync_dir, write_atomic
 from vrepl.ship.errors import StateError
 from vrepl.ship.protocol import FileEntry
-from vrepl.vnode.files import fsync_dir, write_atomic
 
 SHIP_DIR = "ship"
 UUID_FILE = "uuid.txt"

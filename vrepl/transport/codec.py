@@ -1,6 +1,6 @@
 """Wire codec: every peer, hello and arbitrator message as one record-framed frame.
 
-Owns: the table of frame types (msg_type of the 36-byte record header, vrepl/_core/record.pxd)
+Owns: the table of frame types (msg_type of the 36-byte record header, vrepl/_core/frame.pxd)
 and the binary layout of each message's payload (docs/embedding.md §Wire format). A frame is
 a record: the header's msg_type says which message it is, its version/epoch fields carry the
 message's natural version and epoch, and its payload the rest, packed with `struct` (little
@@ -27,7 +27,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from vrepl._core import record as _rec
+from vrepl._core import frame as _rec
 from vrepl._core import wire as _wire
 from vrepl.errors import FrameError
 from vrepl.replica.messages import (

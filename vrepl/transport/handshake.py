@@ -1,10 +1,9 @@
 """The connection handshake: hello naming vgroup and nodes, HMAC-SHA256 challenge-response.
 
 Owns: the two sides of the handshake as small state machines (`ClientHandshake`,
-`ServerHandshake`: frames in, frames out, no I/O), the proofs, and `FramedStream` plus
-`client_handshake()` / `server_handshake()`, which run them over asyncio streams for users
-that are not the replica transport (the arbitrator, tools, tests). docs/embedding.md
-§Connections and the hello describes the exchange:
+`ServerHandshake`: frames in, frames out, no I/O) and the proofs; vrepl/transport/framed.py
+runs them over asyncio streams. docs/embedding.md §Connections and the hello describes the
+exchange:
 
     client -> HELLO(kind, vgroup, client node, target node, nonce_c)
     server -> CHALLENGE(server node, nonce_s, proof_s)     after checking vgroup and nodes
@@ -18,25 +17,24 @@ Both sides prove they know the cluster secret over both fresh nonces (os.urandom
 recorded exchange cannot be replayed and one side's proof cannot be reflected as the
 other's; proofs are compared in constant time (hmac.compare_digest). Any failure raises
 HandshakeError with the reason, which the caller logs before closing the connection.
-Must not: log or close anything itself, or read a clock (the caller enforces the timeout).
+Must not: log or close anything itself, or read a clock (the caller enforces the timeout);
+import asyncio or the frame buffer (the blocking sync clients, `vrepl ship` and restore, use
+these state machines over their own sockets and need neither).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import os
 import struct
 from typing import Callable
 
-from vrepl._core.framebuf import FrameBuffer
-from vrepl.errors import FrameError, HandshakeError, InvariantViolation
+from vrepl.errors import HandshakeError, InvariantViolation
 from vrepl.transport import codec
 from vrepl.transport.codec import Auth, Challenge, ConnKind, Hello, Welcome
 
 HANDSHAKE_MAX_FRAME_BYTES = 256  # the largest handshake frame payload a server accepts
-DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
 _LABEL = b"vrepl-hello-v1 "
 
 
@@ -150,113 +148,3 @@ class ServerHandshake:
 def _describe(msg: object) -> str:
     describe = getattr(msg, "describe", None)
     return describe() if describe else type(msg).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# Over asyncio streams (the arbitrator, tools, tests)
-
-
-class FramedStream:
-    """Frames over an asyncio StreamReader/StreamWriter pair: `recv()` the next decoded
-    message (FrameError on bad bytes, EOFError at end of stream), `send()` messages."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        max_frame_bytes: int = 16 * 1024 * 1024 + 4096,
-        max_record_bytes: int = 16 * 1024 * 1024,
-    ) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.max_record_bytes = max_record_bytes
-        self.frames = FrameBuffer(max_frame_bytes)
-
-    def set_max_frame_bytes(self, max_frame_bytes: int) -> None:
-        """Switch the frame limit (a server leaves the small handshake limit). Bytes already
-        buffered would have been sent before the peer heard WELCOME: a protocol error."""
-        if self.frames.buffered:
-            raise FrameError(f"{self.frames.buffered} bytes sent before the handshake finished")
-        self.frames = FrameBuffer(max_frame_bytes)
-
-    async def recv(self) -> codec.WireMessage:
-        while True:
-            rec = self.frames.next_frame()
-            if rec is not None:
-                return codec.decode(rec, self.max_record_bytes)
-            data = await self.reader.read(65536)
-            if not data:
-                raise EOFError("connection closed by the other side")
-            self.frames.feed(data)
-
-    def send_frame(self, frame: bytes) -> None:
-        self.writer.write(frame)
-
-    def send(self, msg: codec.WireMessage) -> None:
-        self.writer.write(codec.encode(msg))
-
-    async def drain(self) -> None:
-        await self.writer.drain()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def client_handshake(
-    stream: FramedStream,
-    *,
-    secret: bytes,
-    kind: int,
-    vgroup_id: int,
-    node: int,
-    target_node: int,
-    timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
-) -> None:
-    """Run the client side over `stream`; HandshakeError (or FrameError/EOFError) on failure."""
-    hs = ClientHandshake(secret, kind, vgroup_id, node, target_node)
-
-    async def run() -> None:
-        stream.send_frame(hs.start())
-        await stream.drain()
-        while not hs.done:
-            out = hs.on_message(await stream.recv())
-            if out:
-                stream.send_frame(out)
-                await stream.drain()
-
-    try:
-        await asyncio.wait_for(run(), timeout_s)
-    except asyncio.TimeoutError:
-        raise HandshakeError(f"no handshake answer within {timeout_s} s") from None
-
-
-async def server_handshake(
-    stream: FramedStream,
-    *,
-    secret: bytes,
-    node: int,
-    check_hello: Callable[[Hello], str | None],
-    max_frame_bytes: int = 16 * 1024 * 1024 + 4096,
-    timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
-) -> Hello:
-    """Run the server side over `stream` (which should start with a FrameBuffer limited to
-    HANDSHAKE_MAX_FRAME_BYTES); returns the authenticated Hello and raises the frame limit to
-    `max_frame_bytes`. HandshakeError (or FrameError/EOFError) on failure."""
-    hs = ServerHandshake(secret, node, check_hello)
-
-    async def run() -> Hello:
-        while not hs.done:
-            out = hs.on_message(await stream.recv())
-            if out:
-                stream.send_frame(out)
-                await stream.drain()
-        if hs.hello is None:
-            raise InvariantViolation("hs.hello is not None")
-        return hs.hello
-
-    try:
-        hello = await asyncio.wait_for(run(), timeout_s)
-    except asyncio.TimeoutError:
-        raise HandshakeError(f"no handshake within {timeout_s} s") from None
-    stream.set_max_frame_bytes(max_frame_bytes)
-    return hello

@@ -1,10 +1,11 @@
 """Archived data files (Parquet) and the manifest that lists them (docs/vnode.md §files).
 
 Owns: the layout under `<data path>/data/`, writing and reading one Parquet file per
-(table, time bucket), the file "magic" (CRC-32C, never 0), the manifest (JSON, replaced
-atomically) with each file's index, relative name, size, magic, table, ts range and
-version range, the table schemas and the archived version, and the removal of files no
-manifest names. Must not: know the memtable or the WAL, or hold a lock (the Vnode does).
+(table, time bucket), the file "magic" (CRC-32C, never 0), committing the manifest
+(replaced atomically; its format, `Manifest` with each file's index, relative name, size,
+magic, table, ts range and version range, the table schemas and the archived version, is
+vrepl/manifest.py's), and the removal of files no manifest names. Must not: know the
+memtable or the WAL, or hold a lock (the Vnode does).
 
 Index rule (seed 数据恢复流程 rules 1 and 4): the files of a manifest are ordered by
 (bucket, table), oldest time range first; a file's index is its position, so indexes are
@@ -15,11 +16,8 @@ together with it (a restore restarts when files change, seed: inotify).
 """
 from __future__ import annotations
 
-import concurrent.futures
-import json
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -27,19 +25,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vrepl._core.crc32c import crc32c
+# The manifest's format and durable writes have their own modules, which `vrepl ship` reads
+# without pyarrow (issue 16); imported here also for the callers that take them from here.
+from vrepl.durable import fsync_all, write_atomic
+from vrepl.manifest import DATA_DIR, MANIFEST_NAME, ArchivedFile, Manifest
+from vrepl.names import TABLE_NAME_RE
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import ArchiveError
-from vrepl.vnode.rows import COLUMN_NAME_RE, TABLE_NAME_RE, TYPE_NAMES
 
-DATA_DIR = "data"
-MANIFEST_NAME = "data/manifest.json"
 # The transactions' labels file (vrepl/vnode/txnapply.py), written with each manifest commit
 # and listed by getFileInfo just before the manifest (docs/restore.md §3).
 LABELS_FILE_NAME = "data/txn_labels.json"
-MANIFEST_FORMAT = 1
 PARQUET_COMPRESSION = "zstd"
 META_PREFIX = b"vrepl."
-FSYNC_THREADS = 8                   # fsyncs issued at once (fsync_all)
 
 ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(),
                "bool": pa.bool_()}
@@ -59,158 +57,10 @@ def data_file_name(table: str, bucket: int, version: int) -> str:
     return f"{DATA_DIR}/{table}/b{bucket}-v{version}.parquet"
 
 
-def name_invalid(name: Any) -> str | None:
-    """Why a relative file name (from a peer) is not one this vnode could own, or None."""
-    if not isinstance(name, str) or not name:
-        return "empty file name"
-    if name.startswith("/") or "\\" in name or "\0" in name:
-        return f"file name {name!r} is not a relative path"
-    parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return f"file name {name!r} has an empty, '.' or '..' component"
-    if name == MANIFEST_NAME:
-        return None
-    if len(parts) != 3 or parts[0] != DATA_DIR or TABLE_NAME_RE.fullmatch(parts[1]) is None \
-            or not parts[2].endswith(".parquet"):
-        return f"file name {name!r} is not data/<table>/<file>.parquet"
-    return None
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory (or a file: opened read-only)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_all(paths: Sequence[str]) -> None:
-    """fsync every file or directory of `paths`, FSYNC_THREADS at a time: fsyncs issued
-    together share the file system's journal commits, where one after the other each waits
-    for its own (200 files of 1 MiB on this project's test VM, ext4: 0.13 s against
-    0.7-1.0 s in a row)."""
-    if len(paths) <= 1:
-        for p in paths:
-            fsync_dir(p)
-        return
-    with concurrent.futures.ThreadPoolExecutor(min(FSYNC_THREADS, len(paths)),
-                                               thread_name_prefix="vrepl-fsync") as pool:
-        for _ in pool.map(fsync_dir, paths):
-            pass
-
-
-def write_atomic(path: str, data: bytes | memoryview | pa.Buffer, fsync: bool = True) -> None:
-    """Write to path.tmp, fsync, rename over path, fsync the directory."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        if fsync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fsync_dir(os.path.dirname(path) or ".")
-
-
-@dataclass(frozen=True)
-class ArchivedFile:
-    """One archived file as the manifest records it."""
-
-    name: str          # relative to the data path, '/'-separated
-    size: int
-    magic: int
-    table: str
-    bucket: int        # ts // file span
-    ts_min: int
-    ts_max: int
-    min_version: int
-    max_version: int
-    rows: int
-    # An ingested file (docs/vnode.md §9): the version and epoch of the record that added it
-    # (0 for a file a flush wrote) and who wrote its rows. Its rows keep their origin's
-    # _version/_epoch (min/max_version above are the origin's); merges rank them by
-    # ingest_version (rank()).
-    ingest_version: int = 0
-    ingest_epoch: int = 0
-    origin: str = ""
-
-    def to_json(self, index: int) -> dict[str, Any]:
-        doc = dict(index=index, **asdict(self))
-        if not self.ingest_version:        # a flushed file: the entry of manifest format 1
-            for k in ("ingest_version", "ingest_epoch", "origin"):
-                del doc[k]
-        return doc
-
-
 def rank(f: ArchivedFile, row_version: int) -> int:
     """What "later version wins" compares for a row of file `f` (docs/vnode.md §9.4): the
     ingest record's version for an ingested file, the row's own _version otherwise."""
     return f.ingest_version or row_version
-
-
-@dataclass
-class Manifest:
-    precision: str
-    file_span_ms: int
-    archived_version: int = 0
-    archived_epoch: int = 0
-    schemas: dict[str, dict[str, str]] = field(default_factory=dict)
-    files: list[ArchivedFile] = field(default_factory=list)   # index = position
-
-    def sort(self) -> None:
-        self.files.sort(key=lambda f: (f.bucket, f.table, f.ingest_version, f.name))
-
-    def to_bytes(self) -> bytes:
-        doc = {"format": MANIFEST_FORMAT, "precision": self.precision,
-               "file_span_ms": self.file_span_ms, "archived_version": self.archived_version,
-               "archived_epoch": self.archived_epoch, "schemas": self.schemas,
-               "files": [f.to_json(i) for i, f in enumerate(self.files)]}
-        return json.dumps(doc, indent=1).encode("utf-8")
-
-    @classmethod
-    def from_bytes(cls, data: bytes, path: str) -> "Manifest":
-        def bad(reason: str) -> ArchiveError:
-            return ArchiveError(path, f"bad manifest: {reason}")
-        try:
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise bad(f"not JSON ({exc})") from None
-        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-            raise bad(f"unknown format {doc.get('format') if isinstance(doc, dict) else doc!r}")
-        try:
-            m = cls(str(doc["precision"]), int(doc["file_span_ms"]),
-                    int(doc["archived_version"]), int(doc["archived_epoch"]))
-            schemas = doc["schemas"]
-            if not isinstance(schemas, dict):
-                raise bad("schemas is not an object")
-            for table, cols in schemas.items():
-                if TABLE_NAME_RE.fullmatch(table) is None or not isinstance(cols, dict) or \
-                        any(COLUMN_NAME_RE.fullmatch(c) is None or t not in TYPE_NAMES
-                            for c, t in cols.items()):
-                    raise bad(f"schema of table {table!r} is malformed")
-                m.schemas[table] = dict(cols)
-            for i, f in enumerate(doc["files"]):
-                if f.get("index") != i:
-                    raise bad(f"file {i} has index {f.get('index')!r} (indexes must be"
-                              f" contiguous from 0)")
-                af = ArchivedFile(str(f["name"]), int(f["size"]), int(f["magic"]),
-                                  str(f["table"]), int(f["bucket"]), int(f["ts_min"]),
-                                  int(f["ts_max"]), int(f["min_version"]),
-                                  int(f["max_version"]), int(f["rows"]),
-                                  int(f.get("ingest_version", 0)), int(f.get("ingest_epoch", 0)),
-                                  str(f.get("origin", "")))
-                reason = name_invalid(af.name)
-                if reason is not None or af.name == MANIFEST_NAME:
-                    raise bad(reason or "a file entry names the manifest")
-                if af.magic == 0:
-                    raise bad(f"file {af.name} has magic 0")
-                m.files.append(af)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, ArchiveError):
-                raise
-            raise bad(f"missing or malformed field ({exc!r})") from None
-        return m
 
 
 def arrow_schema(precision: str, columns: dict[str, str]) -> pa.Schema:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from vrepl.manifest import MANIFEST_NAME, name_invalid
 from vrepl.vnode.errors import ArchiveError
-from vrepl.vnode.files import LABELS_FILE_NAME, MANIFEST_NAME, file_magic, name_invalid
+from vrepl.vnode.files import LABELS_FILE_NAME, file_magic
 from vrepl.wal import list_wal_files  # read only: the WAL is the sync's
 
 WAL_DIR = "wal"

@@ -16,24 +16,17 @@ import math
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
+# The name rules and type names are vrepl/names.py's; imported here also for the callers
+# that take them from this module (TYPE_NAMES: vrepl/node/shipsession.py).
+from vrepl.names import (COLUMN_NAME_RE, COLUMN_NAME_RULE, RESERVED_COLUMNS, TABLE_NAME_RE,
+                         TABLE_NAME_RULE, TYPE_BOOL, TYPE_FLOAT, TYPE_INT, TYPE_NAMES, TYPE_STR)
 from vrepl.vnode.config import VnodeConfig
 from vrepl.vnode.errors import PayloadError
-
-TABLE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,191}")
-# Column names start with a letter: names starting with "_" are reserved for the archived
-# files' own columns (_version, _epoch), and "ts" is the timestamp column.
-COLUMN_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
-RESERVED_COLUMNS = frozenset({"ts"})
-TABLE_NAME_RULE = "[A-Za-z_][A-Za-z0-9_]{0,191}"
-COLUMN_NAME_RULE = "[A-Za-z][A-Za-z0-9_]{0,63}, not 'ts'"
 
 INT64_MIN = -2**63
 INT64_MAX = 2**63 - 1
 
-# Value type names as stored in schemas and the manifest.
-TYPE_INT, TYPE_FLOAT, TYPE_STR, TYPE_BOOL = "int", "float", "str", "bool"
 VALUE_TYPES = {int: TYPE_INT, float: TYPE_FLOAT, str: TYPE_STR, bool: TYPE_BOOL}
-TYPE_NAMES = frozenset(VALUE_TYPES.values())
 
 # Estimated sizes: what a row costs in the memtable and the payload, close enough for limits.
 ROW_OVERHEAD_BYTES = 16
