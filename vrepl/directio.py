@@ -20,6 +20,7 @@ file is refused and received again, never kept.
 Must not: fsync (the caller decides when a file becomes durable), checksum, name or rename
 files, or read anything but the partial block a resumed file starts in.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -29,8 +30,8 @@ import mmap
 import os
 import threading
 
-DIRECT_BLOCK_BYTES = 4096       # the alignment O_DIRECT needs on 512- and 4096-byte devices
-BUFFER_BYTES = 4 << 20          # one aligned buffer; a direct write per this many bytes
+DIRECT_BLOCK_BYTES = 4096  # the alignment O_DIRECT needs on 512- and 4096-byte devices
+BUFFER_BYTES = 4 << 20  # one aligned buffer; a direct write per this many bytes
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
@@ -67,21 +68,20 @@ class SequentialWriter:
     while the next one fills: a direct write waits for the disk). `finish()` must run before
     `fd` is closed: a write may still be in flight until then."""
 
-    def __init__(self, fd: int, offset: int = 0, *, direct: bool = True,
-                 buffer_bytes: int = BUFFER_BYTES) -> None:
+    def __init__(self, fd: int, offset: int = 0, *, direct: bool = True, buffer_bytes: int = BUFFER_BYTES) -> None:
         self.fd = fd
-        self.end = offset               # the file's true length so far
+        self.end = offset  # the file's true length so far
         self.direct = bool(direct and _O_DIRECT) and _set_direct(fd, True)
         self._pending: concurrent.futures.Future | None = None
         self._failed = False
-        self._pending_pos = 0           # where the write in flight starts
+        self._pending_pos = 0  # where the write in flight starts
         if not self.direct:
             return
         size = max(DIRECT_BLOCK_BYTES, buffer_bytes - buffer_bytes % DIRECT_BLOCK_BYTES)
         self._buf = _take_buffer(size)
         self._spare = _take_buffer(size)
         head = offset % DIRECT_BLOCK_BYTES
-        self._pos = offset - head       # the file offset of the buffer's first byte (aligned)
+        self._pos = offset - head  # the file offset of the buffer's first byte (aligned)
         self._fill = 0
         if head:
             # A resumed file ends inside a block: that block's bytes start the buffer and
@@ -102,7 +102,7 @@ class SequentialWriter:
                 return
             cap = len(self._buf)
             take = min(n - i, cap - self._fill)
-            self._buf[self._fill:self._fill + take] = view[i:i + take]
+            self._buf[self._fill : self._fill + take] = view[i : i + take]
             self._fill += take
             i += take
             self.end += take
@@ -116,7 +116,7 @@ class SequentialWriter:
             return
         ok = False
         try:
-            if self._failed:            # raised already, by the write that failed
+            if self._failed:  # raised already, by the write that failed
                 return
             fill = self._fill
             padded = -(-fill // DIRECT_BLOCK_BYTES) * DIRECT_BLOCK_BYTES
@@ -142,7 +142,7 @@ class SequentialWriter:
         """Write the buffer's first `length` bytes (a multiple of the block) at `_pos`: on
         the pool once the write before it is done, or here when `wait`."""
         real = min(length, self._fill)
-        if self._wait():                    # the write before fell back to ordinary writes
+        if self._wait():  # the write before fell back to ordinary writes
             _write_at(self.fd, self._buf[:real], self._pos)
             self._pos += real
             self._fill = 0
@@ -211,7 +211,7 @@ class SequentialWriter:
         os.lseek(self.fd, self.end, os.SEEK_SET)
 
     def _release(self) -> None:
-        _set_direct(self.fd, False)     # the caller's later I/O on `fd` needs no alignment
+        _set_direct(self.fd, False)  # the caller's later I/O on `fd` needs no alignment
         for view in (self._buf, self._spare):
             if len(view):
                 _give_back(view)
@@ -230,8 +230,8 @@ def _set_direct(fd: int, on: bool) -> bool:
 
 
 def _write_all(fd: int, view: memoryview) -> None:
-    while view:     # a short write (a full disk) is followed by ENOSPC, never ignored
-        view = view[os.write(fd, view):]
+    while view:  # a short write (a full disk) is followed by ENOSPC, never ignored
+        view = view[os.write(fd, view) :]
 
 
 def _write_at(fd: int, view: memoryview, pos: int) -> None:

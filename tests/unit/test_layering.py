@@ -35,7 +35,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "vrepl.logsetup", "vrepl.dirlock", "vrepl.renamed", "vrepl.killpoints",
               # shared by the vnode and `vrepl ship`, which must not load the vnode (issue 16):
               # name rules, durable writes, the manifest's format, a command's secret
-              "vrepl.names", "vrepl.durable", "vrepl.manifest", "vrepl.secretfile")),  # leaves
+              "vrepl.names", "vrepl.durable", "vrepl.manifest", "vrepl.secretfile",
+              # writing a received file around the page cache
+              "vrepl.directio")),  # leaves
 )
 # Prefixes that name one module only, not the modules under it ("vrepl" is the package's
 # __init__, its version; every other module of vrepl must be placed on purpose).
