@@ -13,6 +13,7 @@ import dataclasses
 import ipaddress
 from dataclasses import dataclass
 
+from vrepl.endpoint import parse_endpoint
 from vrepl.errors import ConfigError
 from vrepl.renamed import new_keywords, renamed_settings
 from vrepl.replica import Config as ReplicaConfig
@@ -41,14 +42,6 @@ class ReplicaAddress:
         except ValueError:
             host_key = (1, self.host)
         return (host_key, self.port)
-
-
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """'host:port' -> (host, port); ConfigError if malformed."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"address {text!r} is not host:port")
-    return host.strip("[]"), int(port)
 
 
 def replica_address(item: "ReplicaAddress | tuple[int, str] | tuple[int, str, int]") -> ReplicaAddress:

@@ -19,7 +19,7 @@ import os
 from typing import Callable, Iterable, Protocol
 
 from vrepl._core import crc32c as _crc
-from vrepl.config import parse_endpoint
+from vrepl.endpoint import parse_endpoint
 from vrepl.directio import SequentialWriter
 from vrepl.errors import FetchFailed, FrameError
 from vrepl.killpoints import killpoint, register

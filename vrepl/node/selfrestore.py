@@ -23,7 +23,7 @@ from typing import Callable
 
 from vrepl import wal as _wal
 from vrepl.client import Client, ClientError
-from vrepl.config import parse_endpoint
+from vrepl.endpoint import parse_endpoint
 from vrepl.errors import SelfRestoreError
 from vrepl.restore.cli import restore_once
 from vrepl.restore.dirsink import DirSink, read_manifest

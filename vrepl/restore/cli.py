@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from vrepl import wal as _wal
-from vrepl.config import parse_endpoint
+from vrepl.endpoint import parse_endpoint
 from vrepl.dirlock import lock_dir
 from vrepl.errors import (CliError, ConfigError, DirInUseError, FilesChanged, PeerError,
                           RestoreError, VreplError, WalCorruptError)

@@ -32,8 +32,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from vrepl.config import parse_endpoint
 from vrepl.dirlock import DirInUseError, lock_dir
+from vrepl.endpoint import parse_endpoint
 from vrepl.errors import CliError, ConfigError
 from vrepl.secretfile import read_secret
 from vrepl.ship.errors import EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE, ShipError
