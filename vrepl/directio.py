@@ -5,14 +5,16 @@ size, through `O_DIRECT` when the file system takes it (ext4, xfs) and through o
 writes when not (tmpfs on older kernels, a descriptor that refuses the flag), and
 `DIRECT_BLOCK_BYTES`, the alignment it keeps.
 
-Why (docs/ship.md §3.3, docs/restore.md): a replica that receives a file it will not read
-soon (a slave fetching a round's files, a restoring replica, a single-replica receiver) paid
-most of its system CPU to put every byte into new page-cache pages (`copy_folio_from_iter`:
-on this project's VMs 0.7-2.7 CPU s per GiB, against 0.06-0.3 for the same GiB written
-direct), and fsync then wrote the same pages out anyway. The writer copies each piece into
-one page-aligned buffer (a buffer it reuses, so the copy is cheap) and writes whole aligned
-buffers at aligned offsets; `finish()` writes the last partial block padded with zeros and
-truncates the file back to its true length.
+Why (docs/vnode.md §9.3 step 3, docs/restore.md §9): a replica that receives a file it will
+not read soon (a slave fetching a round's files, a restoring replica) paid most of its
+system CPU to put every byte into new page-cache pages (`copy_folio_from_iter`: on this
+project's VMs 0.7-2.7 CPU s per GiB, against 0.06-0.3 for the same GiB written direct), and
+fsync then wrote the same pages out anyway. The writer copies each piece into one of two
+page-aligned buffers (reused between files, so the copy is cheap), writes each full one at
+an aligned offset on a pool thread while the other fills, and `finish()` writes the last
+partial block padded with zeros and truncates the file back to its true length. A ship's
+receiving master does not use it: it serves the files to the slaves at once, and writing
+direct there measured slower (docs/benchmarks.md §Shipping, fifth session).
 
 A crash between that padded write and the truncation leaves up to 4,095 zero bytes at the
 end: every caller checks a received file's size and CRC-32C before it keeps it, so such a
@@ -26,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import fcntl
+import logging
 import mmap
 import os
 import threading
@@ -35,7 +38,30 @@ BUFFER_BYTES = 4 << 20  # one aligned buffer; a direct write per this many bytes
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
-# Aligned buffers kept between files (a writer takes one, `finish()` gives it back): a new
+log = logging.getLogger("vrepl.directio")
+_fallback_logged = False  # the first fallback of the process is a warning, later ones debug
+
+
+def _log_fallback(fd: int, why: str) -> None:
+    """Say once why received files go through the page cache here (the operator's disk or
+    file system), without a line per file."""
+    global _fallback_logged
+    try:
+        where = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        where = f"descriptor {fd}"
+    level = logging.DEBUG if _fallback_logged else logging.WARNING
+    _fallback_logged = True
+    log.log(
+        level,
+        "%s: %s; received files are written through the page cache (slower, same durability)",
+        where,
+        why,
+        extra={"event": "direct_io_fallback", "path": where},
+    )
+
+
+# Aligned buffers kept between files (a writer takes two, `finish()` gives them back): a new
 # mapping per file paid a page fault per 4 KiB of it, which cost more than the page cache it
 # replaces. As many as writers ran at once are kept.
 _free: list[memoryview] = []
@@ -72,6 +98,8 @@ class SequentialWriter:
         self.fd = fd
         self.end = offset  # the file's true length so far
         self.direct = bool(direct and _O_DIRECT) and _set_direct(fd, True)
+        if direct and _O_DIRECT and not self.direct:
+            _log_fallback(fd, "the file system refuses O_DIRECT")
         self._pending: concurrent.futures.Future | None = None
         self._failed = False
         self._pending_pos = 0  # where the write in flight starts
@@ -173,6 +201,7 @@ class SequentialWriter:
         # disk): the rest of this buffer, and every later byte, through ordinary writes,
         # which say why they stop.
         _set_direct(self.fd, False)
+        _log_fallback(self.fd, "an O_DIRECT write was refused" if done == 0 else "an O_DIRECT write was short")
         if done < real:
             _write_at(self.fd, buf[done:real], pos + done)
         return True

@@ -127,3 +127,27 @@ def test_a_full_disk_is_the_callers_error(tmp_path):
             os.close(fd)
     finally:
         os.system(f"umount {mnt}")
+
+
+def test_a_refused_flag_is_logged_once_as_a_warning(caplog):
+    """A descriptor whose file refuses O_DIRECT (a socket: the kernel refuses the flag
+    there as a file system without direct I/O does) is written through ordinary writes, and
+    the first such refusal of the process is a warning, later ones debug lines."""
+    import socket
+
+    import vrepl.directio as D
+
+    a, b = socket.socketpair()
+    with a, b:
+        D._fallback_logged = False
+        with caplog.at_level("DEBUG", logger="vrepl.directio"):
+            for _ in range(2):
+                w = SequentialWriter(a.fileno())
+                assert not w.direct
+                w.write(b"abc")
+                w.finish()
+        assert b.recv(10) == b"abcabc"
+    records = [rec for rec in caplog.records if rec.name == "vrepl.directio"]
+    assert [rec.levelname for rec in records] == ["WARNING", "DEBUG"]
+    assert records[0].event == "direct_io_fallback"
+    assert "refuses O_DIRECT" in records[0].getMessage()
