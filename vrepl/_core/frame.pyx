@@ -53,30 +53,6 @@ REASONS = {
 cdef uint16_t KNOWN_FLAGS = 0
 
 
-cdef inline void put_u16(uint8_t *p, uint16_t v) noexcept nogil:
-    p[0] = v & 0xff
-    p[1] = v >> 8
-
-cdef inline void put_u32(uint8_t *p, uint32_t v) noexcept nogil:
-    p[0] = v & 0xff
-    p[1] = (v >> 8) & 0xff
-    p[2] = (v >> 16) & 0xff
-    p[3] = v >> 24
-
-cdef inline void put_u64(uint8_t *p, uint64_t v) noexcept nogil:
-    put_u32(p, <uint32_t>(v & 0xffffffffu))
-    put_u32(p + 4, <uint32_t>(v >> 32))
-
-cdef inline uint16_t get_u16(const uint8_t *p) noexcept nogil:
-    return p[0] | (<uint16_t>p[1] << 8)
-
-cdef inline uint32_t get_u32(const uint8_t *p) noexcept nogil:
-    return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
-
-cdef inline uint64_t get_u64(const uint8_t *p) noexcept nogil:
-    return get_u32(p) | (<uint64_t>get_u32(p + 4) << 32)
-
-
 cdef int parse_header(const uint8_t *p, uint32_t max_payload_len, Header *out) noexcept nogil:
     """Validate the HEADER_SIZE bytes at p; fill out and return SCAN_OK, or why not."""
     cdef int i

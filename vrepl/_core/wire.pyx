@@ -18,7 +18,7 @@ from libc.string cimport memcpy
 
 from vrepl._core.crc32c cimport vrepl_crc32c, vrepl_crc32c_init
 from vrepl._core.frame cimport (Header, parse_header, write_record, HEADER_SIZE, SIGNATURE,
-                                 SCAN_OK)
+                                 SCAN_OK, put_u32, put_u64, get_u64)
 from vrepl._core.frame import REASONS
 
 from vrepl.errors import FrameError
@@ -26,24 +26,6 @@ from vrepl.errors import FrameError
 vrepl_crc32c_init()
 
 FORWARD_PREFIX_BYTES = FORWARD_PREFIX_SIZE
-
-
-cdef inline void put_u32(uint8_t *p, uint32_t v) noexcept nogil:
-    p[0] = v & 0xff
-    p[1] = (v >> 8) & 0xff
-    p[2] = (v >> 16) & 0xff
-    p[3] = v >> 24
-
-cdef inline void put_u64(uint8_t *p, uint64_t v) noexcept nogil:
-    put_u32(p, <uint32_t>(v & 0xffffffffu))
-    put_u32(p + 4, <uint32_t>(v >> 32))
-
-cdef inline uint64_t get_u64(const uint8_t *p) noexcept nogil:
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(7, -1, -1):
-        v = (v << 8) | p[i]
-    return v
 
 
 def encode_forward_frame(int msg_type, uint64_t first_version, uint64_t epoch,

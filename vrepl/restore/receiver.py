@@ -33,6 +33,7 @@ from typing import Callable, Protocol
 from vrepl._core import crc32c as _crc
 from vrepl._core import record as _rec
 from vrepl.directio import SequentialWriter
+from vrepl.durable import fsync_dir as _fsync_dir
 from vrepl.restore import protocol as P
 from vrepl.restore.errors import BadData, DiskFull, PeerError, RestoreError
 from vrepl.restore.paths import STAGING_DIR, confined, make_parents
@@ -64,14 +65,6 @@ def file_crc_magic(path: str) -> int:
                 crc = _crc.crc32c(view[off:off + step], crc)
             view.release()
     return crc_magic(crc)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Sink(Protocol):

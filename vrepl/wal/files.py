@@ -24,6 +24,7 @@ import numpy as np
 
 from vrepl._core import crc32c as _crc
 from vrepl._core import record as _rec
+from vrepl.durable import fsync_dir as _fsync_dir  # noqa: F401 (writer.py and vrepl.wal use it)
 from vrepl.errors import WalCorruptError, WalError
 
 HEADER_SIZE = _rec.HEADER_SIZE_BYTES
@@ -230,11 +231,3 @@ def list_wal_files(directory: str) -> list[WalFile]:
     if files:
         files[-1].sealed = False
     return files
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
