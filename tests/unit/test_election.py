@@ -228,3 +228,30 @@ def test_decide_gives_a_rival_candidate_a_moment(views, allowed, verdict, epoch,
     assert (d.verdict, d.epoch, d.master) == (verdict, epoch, master), d.describe()
     if verdict is V.DEFER:
         assert d.describe() == "defer e1 n1: n1 announced itself for e1 too: a moment for its result"
+
+
+# --- §2.4 rule 5: a peer that connected and whose first status has not arrived may have
+# announced itself already (fresh groups: n0 and n1 started together, n1 connected to n0 but
+# heard only n2, and both announced e1). Views as node 1 sees them, n0 connected, unheard.
+@pytest.mark.parametrize(
+    "views,online,unheard,allowed,verdict,epoch,master",
+    [
+        (["U e0v0 p0@-", "U e0v0 p0@-", "U e0v0 p0@-"], "011", "100", True, V.DEFER, 0, 0),
+        (["U e0v0 p0@-", "U e0v0 p0@-", "U e0v0 p0@-"], "011", "100", False, V.ANNOUNCE, 1, 1),  # waited long enough
+        (["U e0v0 p0@-", "U e0v0 p0@-", "U e0v0 p0@-"], "011", "000", True, V.ANNOUNCE, 1, 1),  # nobody unheard
+        (["U e0v0 p0@-", "U e0v0 p0@-", "U e0v0 p0@-"], "011", None, True, V.ANNOUNCE, 1, 1),  # caller without the knowledge
+        # the hold is for announcing only: an online master is followed, a candidate's epoch adopted
+        (["U e0v0 p0@-", "U e0v0 p0@-", "M e0v0 p1@2"], "011", "100", True, V.FOLLOW, 1, 2),
+        (["U e0v0 p0@-", "U e0v0 p0@-", "U e0v1 p1@2"], "011", "100", True, V.ADOPT, 1, 2),
+        # fewer than a majority heard: unsynced, as before
+        (["U e0v0 p0@-", "U e0v0 p0@-", "U e0v0 p0@-"], "010", "101", True, V.UNSYNCED, 0, NO_NODE),
+    ],
+)
+def test_decide_waits_for_the_first_status_of_a_connected_peer(views, online, unheard, allowed, verdict, epoch, master):
+    base = inp(1, views, online)
+    d = decide(ElectionInput(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                                "contest_allowed": allowed,
+                                "unheard": None if unheard is None else tuple(c == "1" for c in unheard)}))
+    assert (d.verdict, d.epoch, d.master) == (verdict, epoch, master), d.describe()
+    if verdict is V.DEFER:
+        assert d.describe() == "defer e0 n0: n0 connected, its first status not here yet"

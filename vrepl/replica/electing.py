@@ -102,6 +102,7 @@ class Elector:
             reports=tuple(self.reports),
             defer_allowed=deferred_ticks < r.cfg.heartbeat_timeout_ticks,
             contest_allowed=deferred_ticks < r.cfg.heartbeat_interval_ticks,
+            unheard=tuple(i != r.me and r.connected[i] and not self.heard[i] for i in range(r.n)),
         )
 
     def evaluate(self) -> None:

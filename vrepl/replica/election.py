@@ -66,7 +66,10 @@ class ElectionInput:
     which replicas *it* hears, for the deferral rule (§2.4). `defer_allowed` is False once
     this node has deferred for `heartbeat_timeout_ticks`: it then announces anyway.
     `contest_allowed` is True while it has deferred for less than `heartbeat_interval_ticks`:
-    the shorter wait for a rival that announced itself for the same newest epoch (§2.4).
+    the shorter wait for a rival that announced itself for the same newest epoch, or for the
+    first status of a peer that just connected (§2.4).
+    `unheard[i]` is True for a replica that is connected but whose first status has not
+    arrived yet (None: no such knowledge, as for a caller that only has views).
     """
 
     nodes: tuple[int, ...]
@@ -81,6 +84,7 @@ class ElectionInput:
     reports: tuple[tuple[PeerView, ...] | None, ...] | None = None
     defer_allowed: bool = True
     contest_allowed: bool = False
+    unheard: tuple[bool, ...] | None = None
 
 
 def is_majority(votes: int, replica_count: int, arbitrator_used: bool) -> bool:
@@ -155,6 +159,18 @@ def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Deci
             inp.nodes[x],
             f"n{inp.nodes[p]} promised e{epoch - 1} to n{inp.nodes[x]}, which it hears and I do not",
         )
+    if inp.contest_allowed and inp.unheard is not None:
+        for x, waiting in enumerate(inp.unheard):
+            if waiting and x != me:
+                # Its status is a round trip away (a node broadcasts one as a peer connects)
+                # and may show a promise of its own: announcing before it arrives is how two
+                # nodes that started together both announce e1 and one deposes the other.
+                return Decision(
+                    Verdict.DEFER,
+                    promised,
+                    inp.nodes[x],
+                    f"n{inp.nodes[x]} connected, its first status not here yet",
+                )
     if inp.contest_allowed:
         for x, (v, up) in enumerate(zip(inp.views, inp.online)):
             if (
