@@ -7,8 +7,11 @@ An edge vnode directory of --files archived Parquet files of about --file-kib Ki
 table per file, random string values, so compression leaves the size) is written once (its
 manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
 
+0. the edge's files are read once, so every step starts from the page cache (the time it
+   took says whether they were cold).
 1. rsync baseline: `rsync -a --whole-file` of the edge's data/ to an rsync daemon (skipped
-   when rsync is not installed: tools/install_system_deps.sh installs it).
+   when rsync is not installed: tools/install_system_deps.sh installs it), then `sync`
+   outside the timing, so the next step does not write rsync's files back.
 2. first full ship: `vrepl ship --once` into a fresh receiving vgroup of each --replicas
    count (real `vrepl node` processes); seconds until the command returned (every file loaded
    and committed on a quorum) and the ratio of rates against rsync (target >= 1.0 with 1
@@ -142,6 +145,19 @@ def received_bytes(recv: LocalCluster) -> float:
     return total
 
 
+def warm(src: str) -> tuple[int, float]:
+    """Read every file under `src` once (bytes, seconds), so the baseline and the ships all
+    start from the page cache: the one that ran first used to pay the disk reads alone (an
+    edge left for an hour is cold again), which moved rsync's figure between 2.5 and 11 s."""
+    total, t0 = 0, time.monotonic()
+    for root, _dirs, files in os.walk(src):
+        for name in files:
+            with open(os.path.join(root, name), "rb", buffering=0) as fh:
+                while chunk := fh.read(4 << 20):
+                    total += len(chunk)
+    return total, time.monotonic() - t0
+
+
 def rsync_baseline(src: str, base: str) -> tuple[float | None, float]:
     """(seconds, CPU seconds of the rsync client and daemon), (None, 0) without rsync."""
     if shutil.which("rsync") is None:
@@ -164,7 +180,11 @@ def rsync_baseline(src: str, base: str) -> tuple[float | None, float]:
     finally:
         d.terminate()
         d.wait(10)
-    return secs, children_cpu_s() - cpu0
+    cpu = children_cpu_s() - cpu0
+    # rsync does not fsync: its dirty pages would be written back during the next step and
+    # counted against it. Written back here, outside both timings.
+    os.sync()
+    return secs, cpu
 
 
 def main() -> int:
@@ -201,6 +221,8 @@ def main() -> int:
             size = make_edge(edge, args.files, args.file_kib)
             print(f"edge: {args.files} files, {size / 2**20:.0f} MiB written in {time.monotonic() - t0:.1f} s",
                   flush=True)
+        warmed, warm_s = warm(os.path.join(edge, "data"))
+        print(f"edge read into the page cache: {warmed / 2**20:.0f} MiB in {warm_s:.2f} s", flush=True)
         rs, rs_cpu = rsync_baseline(os.path.join(edge, "data"), base) if args.rsync else (None, 0.0)
         if rs is not None:
             note("rsync -a --whole-file to an rsync daemon",
