@@ -127,21 +127,24 @@ class Txns:
         return Response(200, {"vgroup": self.host.id, "node": self.host.node_id,
                               "role": self.host.role, "txns": txns})
 
-    def _find(self, key: str) -> Txn | Response:
+    def _find(self, key: str, step: bool = False) -> Txn | Response:
+        """The transaction `key` names (an id or label:<label>), or the refusal; a `step`'s
+        refusal (a POST) says `"outcome": "not_written"`, as every step refusal does."""
+        extra = {"outcome": "not_written"} if step else {}
         table = self._table()
         if table is None:
-            return error(503, "not_running", f"vg{self.host.id}: not serving")
+            return error(503, "not_running", f"vg{self.host.id}: not serving", **extra)
         if key.startswith("label:"):
             t = table.by_label(key[6:])
         elif key.isdigit() and len(key) < 19:
             t = table.get(int(key))
         else:
             return error(400, "bad_txn", f"{key[:40]!r} is neither a transaction id nor"
-                         " label:<label>")
+                         " label:<label>", **extra)
         if t is None:
             return error(404, "no_txn", f"vg{self.host.id}: no transaction {key[:140]} on"
                          f" n{self.host.node_id} (never begun, not replicated here yet, or"
-                         " its label expired)")
+                         " its label expired)", **extra)
         return t
 
     def _describe(self, t: Txn) -> dict[str, Any]:
@@ -363,7 +366,7 @@ class Txns:
         refused = self._refusal()
         if refused is not None:
             return refused
-        t = self._find(key)
+        t = self._find(key, step=True)
         if isinstance(t, Response):
             return t
         if seq_text is None:
@@ -433,7 +436,7 @@ class Txns:
         refused = self._refusal()
         if refused is not None:
             return refused
-        t = self._find(key)
+        t = self._find(key, step=True)
         if isinstance(t, Response):
             return t
         going = self.finishing.get(t.id)
