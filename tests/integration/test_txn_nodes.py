@@ -331,6 +331,9 @@ def test_one_request_load_everywhere_at_one_version_and_retries_answer_the_origi
         code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","rows":[["cpu",5,{"x":"s"}]],'
                          b'"commit":true}')
         assert code == 400 and doc["code"] == "bad_rows" and doc["outcome"] == "not_written"
+        # Its one line says no transaction was begun (none is: no id to name, none open).
+        assert doc["error"].startswith("begin: ") and "no transaction begun" in doc["error"]
+        assert "stays open" not in doc["error"] and "transaction 1" not in doc["error"]
         code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","rows":[],"commit":true}')
         assert code == 400 and doc["code"] == "bad_txn"
         code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","commit":"yes"}')

@@ -395,22 +395,26 @@ class Txns:
     def _rows_refusal(self, txn: int, rows_json: bytes, payload: bytes, staged: int | None
                       ) -> Response | None:
         """A batch's refusals before it is forwarded: too many staged bytes (when `staged`
-        is given), a record above max_payload_bytes, rows failing the write rules. The
-        check reserves the batch's new columns, as a write's does, so it comes last."""
+        is given: a one-request load, whose begin is not forwarded either), a record above
+        max_payload_bytes, rows failing the write rules. The check reserves the batch's new
+        columns, as a write's does, so it comes last."""
+        if staged is None:
+            who, then = f"transaction {txn}", "nothing staged; the transaction stays open"
+        else:       # a one-request load: no transaction exists, none is begun
+            who, then = "begin", "nothing written, no transaction begun"
         if staged is not None and staged + len(rows_json) > self.cfg.max_staged_bytes:
-            return self._refuse(429, "too_many_staged_bytes", f"transaction {txn}: {staged} +"
+            return self._refuse(429, "too_many_staged_bytes", f"{who}: {staged} +"
                                 f" {len(rows_json)} bytes would exceed max_staged_bytes"
-                                f" {self.cfg.max_staged_bytes} (nothing staged)")
+                                f" {self.cfg.max_staged_bytes} ({then})")
         size = len(payload)
         limit = self.host.node_cfg.vnode.max_payload_bytes
         if size > limit:
-            return self._refuse(413, "too_large", f"transaction {txn}: the batch's record would"
-                                f" be {size} bytes, above max_payload_bytes {limit}:"
-                                " put it in several batches")
+            return self._refuse(413, "too_large", f"{who}: the batch's record would be {size}"
+                                f" bytes, above max_payload_bytes {limit}: put it in several"
+                                f" batches ({then})")
         reason, _, _ = self.host.vnode.prepare_raw(rows_json)  # type: ignore[union-attr]
         if reason is not None:
-            return self._refuse(400, "bad_rows", f"transaction {txn}: {reason} (nothing"
-                                " staged; the transaction stays open)")
+            return self._refuse(400, "bad_rows", f"{who}: {reason} ({then})")
         return None
 
     async def precommit(self, key: str) -> Response:
