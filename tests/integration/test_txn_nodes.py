@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import urllib.error
 import urllib.request
 
 import pytest
@@ -330,6 +331,9 @@ def test_one_request_load_everywhere_at_one_version_and_retries_answer_the_origi
         code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","rows":[["cpu",5,{"x":"s"}]],'
                          b'"commit":true}')
         assert code == 400 and doc["code"] == "bad_rows" and doc["outcome"] == "not_written"
+        # Its one line says no transaction was begun (none is: no id to name, none open).
+        assert doc["error"].startswith("begin: ") and "no transaction begun" in doc["error"]
+        assert "stays open" not in doc["error"] and "transaction 1" not in doc["error"]
         code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","rows":[],"commit":true}')
         assert code == 400 and doc["code"] == "bad_txn"
         code, doc = call(c, m, "POST", "txn", b'{"label":"one-2","commit":"yes"}')
@@ -345,3 +349,42 @@ def test_one_request_load_everywhere_at_one_version_and_retries_answer_the_origi
         done3 = cl.load(VG, "one-3", [["cpu", 3, {"x": 3.0}]])
         assert done3["state"] == "VISIBLE" and done3["txn"] == doc["txn"] and done3["rows"] == 1
         assert rows_of(c, m, "cpu") == [(1, v, 1.0), (3, done3["visible_version"], 3.0)]
+
+
+def raw(c: LocalCluster, node: int, method: str, path: str, body: bytes | None = None
+        ) -> tuple[int, dict]:
+    """One exchange with the stdlib's HTTP client (not vrepl.client): (status, JSON)."""
+    req = urllib.request.Request(f"http://{c.nodes[node].http}{path}", data=body,
+                                 method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_every_step_refusal_says_not_written(cluster):
+    """docs/client-api.md §Transactions: a step's refusals write nothing and say
+    `"outcome": "not_written"` (but 504's unknown): no such transaction, a bad {txn}, no
+    such vgroup, a step with the wrong method; reads (show, list) carry no outcome."""
+    c = cluster()
+    m = c.master()
+    vgp = f"/v1/vgroups/{VG}"
+    steps = [("POST", f"{vgp}/txn/99999/rows?seq=0", b'[["t", 1, {"x": 1}]]', 404, "no_txn"),
+             ("POST", f"{vgp}/txn/label:nobody/commit", b"", 404, "no_txn"),
+             ("POST", f"{vgp}/txn/99999/precommit", b"", 404, "no_txn"),
+             ("POST", f"{vgp}/txn/99999/abort", b"", 404, "no_txn"),
+             ("POST", f"{vgp}/txn/99999/file?table=t&seq=0", b"PAR1", 404, "no_txn"),
+             ("POST", f"{vgp}/txn/nonsense/commit", b"", 400, "bad_txn"),
+             ("POST", "/v1/vgroups/77/txn", b'{"label": "a"}', 404, "no_vgroup"),
+             ("POST", "/v1/vgroups/77/txn/1/commit", b"", 404, "no_vgroup"),
+             ("POST", "/v1/vgroups/77/txn/1/file?table=t&seq=0", b"PAR1", 404, "no_vgroup"),
+             ("GET", f"{vgp}/txn/1/commit", None, 405, "bad_method")]
+    for method, path, body, status, code in steps:
+        got, doc = raw(c, m, method, path, body)
+        assert (got, doc.get("code")) == (status, code), (method, path, doc)
+        assert doc.get("outcome") == "not_written", (method, path, doc)
+    for path, status, code in [(f"{vgp}/txn/99999", 404, "no_txn"),
+                               ("/v1/vgroups/77/txn", 404, "no_vgroup")]:
+        got, doc = raw(c, m, "GET", path)
+        assert (got, doc.get("code")) == (status, code) and "outcome" not in doc, (path, doc)

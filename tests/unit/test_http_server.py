@@ -36,7 +36,7 @@ class Served:
         self.addr = ("127.0.0.1", self.srv.port)
 
     def handle(self, req):
-        return Response(200, {"path": req.path, "len": len(req.body),
+        return Response(200, {"path": req.path, "query": req.query, "len": len(req.body),
                               "pad": "x" * (100_000 if req.path == "/big" else 0)})
 
     def write_buffered(self) -> int:
@@ -270,6 +270,27 @@ def test_chunked_is_411_and_unknown_versions_505(served, request_bytes, status, 
         out = read_all(s)
     assert status_of(out) == status and body_of(out)["code"] == code, out[:200]
     assert "\n" not in body_of(out)["error"]
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"\x00\x01\x02HELLO",                       # binary bytes: not a request line at all
+    b"GET /ok?a=%zz HTTP/1.1\r\n\r\n",              # a bare % in the query string
+    b"GET /ok?a=1&b=% HTTP/1.1\r\n\r\n",
+    b"GET /ok?table=%ff%fe HTTP/1.1\r\n\r\n",       # escapes that are not UTF-8
+    b"POST /ok?a=%g1 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+])
+def test_a_malformed_request_line_or_query_string_is_400_bad_request(served, request_bytes):
+    """docs/client-api.md §HTTP errors: a malformed request line or query string is 400
+    bad_request (one line) and the connection is closed."""
+    srv = served()
+    with connect(srv.addr) as s:
+        s.sendall(request_bytes)
+        out = read_all(s)
+    assert status_of(out) == 400 and body_of(out)["code"] == "bad_request", out[:200]
+    assert b"Connection: close" in out and "\n" not in body_of(out)["error"]
+    # Well-formed escapes still decode, and the server goes on serving.
+    doc = body_of(get(srv.addr, b"/ok%2Fx?t=%C3%A9&u=a+b&v=&w=%25"))
+    assert doc["path"] == "/ok/x" and doc["query"] == {"t": "\u00e9", "u": "a b", "v": "", "w": "%"}
 
 
 def test_tls_on_a_plain_port_is_closed_at_once(served):

@@ -206,6 +206,15 @@ def _stream(cols: dict, metadata=None, compression=None) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _file(cols: dict, metadata=None) -> bytes:
+    """The Arrow IPC *file* format of one batch (not a stream)."""
+    b = pa.record_batch(cols, metadata=metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, b.schema) as w:
+        w.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
 T = {"vrepl.table": "t"}
 
 
@@ -221,11 +230,17 @@ T = {"vrepl.table": "t"}
     (_stream({"ts": pa.array([None, 1], pa.int64()), "v": pa.array([1, 2])}, T), "'ts' has nulls"),
     (_stream({"ts": pa.array([1]), "v": pa.array([math.nan])}, T), "not finite"),
     (_stream({"ts": pa.array([1]), "v": pa.array([2**64 - 1], pa.uint64())}, T), "uint64"),
-    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T, "zstd"), "compressed"),
-    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T)[:-9], "beyond the stream"),
-    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T)[:-1] + b"\x01", "beyond the stream"),
-    (b"", "no schema message"),
-    (b"\xff" * 64, "Arrow stream refused"),
+    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T, "zstd"),
+     "Arrow stream refused: compressed"),
+    # Truncated or malformed: "not a valid Arrow IPC stream" (docs/client-api.md §Binary
+    # writes), the file format too.
+    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T)[:-9],
+     "not a valid Arrow IPC stream: message body"),
+    (_stream({"ts": pa.array([1]), "v": pa.array([1])}, T)[:-1] + b"\x01",
+     "not a valid Arrow IPC stream: message metadata"),
+    (b"", "not a valid Arrow IPC stream: no schema message"),
+    (b"\xff" * 64, "not a valid Arrow IPC stream"),
+    (_file({"ts": pa.array([1]), "v": pa.array([1])}, T), "not a valid Arrow IPC stream"),
 ])
 def test_arrow_refusals_are_one_line_and_write_nothing(vn, body, what):
     reason, payload = write_arrow(vn, body)

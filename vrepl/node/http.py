@@ -178,6 +178,26 @@ def server_ssl_context(cert_path: str, key_path: str) -> ssl.SSLContext:
 _METHOD_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{0,32}")
 
 
+# A `%` that does not start a percent-escape (RFC 3986: `%` and two hex digits).
+_BAD_PERCENT_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def split_target(target: str) -> tuple[str, dict[str, str]]:
+    """A request target's path (percent-decoded) and query parameters; ValueError for a
+    malformed query string: a bare `%`, or escapes that do not decode to UTF-8 (400
+    bad_request, docs/client-api.md §HTTP errors), rather than a value silently mangled."""
+    path, _, qs = target.partition("?")
+    bad = _BAD_PERCENT_RE.search(qs)
+    if bad is not None:
+        raise ValueError(f"malformed query string: {qs[bad.start():bad.start() + 3]!r} is not"
+                         " a percent-escape (% and two hex digits)")
+    try:
+        query = dict(parse_qsl(qs, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise ValueError("malformed query string: its percent-escapes are not UTF-8") from None
+    return unquote(path), query
+
+
 def _could_start_request(buf: bytearray) -> bool:
     """False once the bytes received cannot begin an HTTP request line."""
     n = _METHOD_RE.match(buf).end()  # type: ignore[union-attr]  (matches the empty string)
@@ -358,8 +378,9 @@ class HttpProtocol(asyncio.Protocol):
                     # Binary bytes (say a `vrepl restore` HELLO sent to this port instead of
                     # the replication port): answer at once rather than wait for a request
                     # line that never comes.
-                    self._reply_close(error(400, "not_http", "not an HTTP request: this is a"
-                                            " node's HTTP client API port"))
+                    self._reply_close(error(400, "bad_request", "malformed request line:"
+                                            " not an HTTP request (this is a node's HTTP"
+                                            " client API port)"))
                     return
                 if len(buf) > srv.max_header_bytes:
                     self._reply_close(error(431, "headers_too_large",
@@ -403,6 +424,11 @@ class HttpProtocol(asyncio.Protocol):
                 self._reply_close(error(400, "bad_request", f"bad Content-Length {length_text[:20]!r}"))
                 return
             length = int(length_text)
+            try:
+                path, query = split_target(target)
+            except ValueError as exc:
+                self._reply_close(error(400, "bad_request", str(exc)))
+                return
             keep = (headers.get("connection", "").lower() != "close" if version == "HTTP/1.1"
                     else headers.get("connection", "").lower() == "keep-alive")
             sink = srv.body_sink(method, target, headers, length) \
@@ -413,10 +439,8 @@ class HttpProtocol(asyncio.Protocol):
             if sink is not None:               # streamed to the sink, not buffered
                 del buf[:end + 4]
                 self.target = None
-                path, _, qs = target.partition("?")
-                query = dict(parse_qsl(qs, keep_blank_values=True))
                 self.sink, self.sink_left = sink, length
-                self.sink_request = (Request(method, unquote(path), query, headers, b"",
+                self.sink_request = (Request(method, path, query, headers, b"",
                                              sink=sink), keep)
                 self.body_started, self.body_length = time.monotonic(), length
                 del buf[:self._feed_sink(buf)]
@@ -438,13 +462,6 @@ class HttpProtocol(asyncio.Protocol):
             del buf[:total]
             self.request_started = time.monotonic() if buf else None
             self.body_started = None
-            path, _, qs = target.partition("?")
-            try:
-                query = dict(parse_qsl(qs, keep_blank_values=True, strict_parsing=False))
-                path = unquote(path)
-            except ValueError as exc:
-                self._reply_close(error(400, "bad_request", f"bad query string: {exc}"))
-                return
             self.target = None
             if not self._dispatch(Request(method, path, query, headers, body), keep):
                 return

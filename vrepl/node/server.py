@@ -299,7 +299,7 @@ class Node:
             return None
         vg = self._vgroup(parts[2])
         if isinstance(vg, Response):
-            return vg
+            return _not_written(vg)
         return vg.txns.files.sink(unquote(parts[4]), dict(parse_qsl(qs)), length)
 
     def _txn(self, parts: list[str], req: Request):
@@ -308,14 +308,18 @@ class Node:
         if len(parts) == 6 and parts[5] not in TXN_STEPS:
             return error(404, "no_route", f"no route {req.path[:100]!r}: a transaction's steps"
                          f" are {', '.join(TXN_STEPS)}")
+        # A step (every POST, and any method on a step's route) is a write: its refusals say
+        # `"outcome": "not_written"`, their 404 and 405 included, as the write route's do.
+        step = req.method == "POST" or len(parts) == 6
         vg = self._vgroup(parts[2])
         if isinstance(vg, Response):
-            return vg
+            return _not_written(vg) if step else vg
         want = "GET" if len(parts) == 5 else "POST"
         if len(parts) == 4:
             want = "POST" if req.method == "POST" else "GET"
         if req.method != want:
-            return error(405, "bad_method", f"{req.method} {req.path}: use {want}")
+            resp = error(405, "bad_method", f"{req.method} {req.path}: use {want}")
+            return _not_written(resp) if step else resp
         if len(parts) == 4:
             if want == "POST":
                 return vg.txns.begin(req.body)

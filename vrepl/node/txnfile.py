@@ -252,7 +252,7 @@ class TxnFiles:
         refused = txns._refusal()
         if refused is not None:
             return refused
-        t = txns._find(key)
+        t = txns._find(key, step=True)
         if isinstance(t, Response):
             return t
         table, seq_text = query.get("table", ""), query.get("seq")
@@ -316,7 +316,7 @@ class TxnFiles:
         if reason is not None:
             return txns._refuse(400, "bad_file", reason)
         refused = txns._refusal()
-        t = txns._find(key) if refused is None else refused
+        t = txns._find(key, step=True) if refused is None else refused
         if isinstance(t, Response):
             return t
         seq = int(query["seq"])

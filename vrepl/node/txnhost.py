@@ -127,21 +127,24 @@ class Txns:
         return Response(200, {"vgroup": self.host.id, "node": self.host.node_id,
                               "role": self.host.role, "txns": txns})
 
-    def _find(self, key: str) -> Txn | Response:
+    def _find(self, key: str, step: bool = False) -> Txn | Response:
+        """The transaction `key` names (an id or label:<label>), or the refusal; a `step`'s
+        refusal (a POST) says `"outcome": "not_written"`, as every step refusal does."""
+        extra = {"outcome": "not_written"} if step else {}
         table = self._table()
         if table is None:
-            return error(503, "not_running", f"vg{self.host.id}: not serving")
+            return error(503, "not_running", f"vg{self.host.id}: not serving", **extra)
         if key.startswith("label:"):
             t = table.by_label(key[6:])
         elif key.isdigit() and len(key) < 19:
             t = table.get(int(key))
         else:
             return error(400, "bad_txn", f"{key[:40]!r} is neither a transaction id nor"
-                         " label:<label>")
+                         " label:<label>", **extra)
         if t is None:
             return error(404, "no_txn", f"vg{self.host.id}: no transaction {key[:140]} on"
                          f" n{self.host.node_id} (never begun, not replicated here yet, or"
-                         " its label expired)")
+                         " its label expired)", **extra)
         return t
 
     def _describe(self, t: Txn) -> dict[str, Any]:
@@ -363,7 +366,7 @@ class Txns:
         refused = self._refusal()
         if refused is not None:
             return refused
-        t = self._find(key)
+        t = self._find(key, step=True)
         if isinstance(t, Response):
             return t
         if seq_text is None:
@@ -392,22 +395,26 @@ class Txns:
     def _rows_refusal(self, txn: int, rows_json: bytes, payload: bytes, staged: int | None
                       ) -> Response | None:
         """A batch's refusals before it is forwarded: too many staged bytes (when `staged`
-        is given), a record above max_payload_bytes, rows failing the write rules. The
-        check reserves the batch's new columns, as a write's does, so it comes last."""
+        is given: a one-request load, whose begin is not forwarded either), a record above
+        max_payload_bytes, rows failing the write rules. The check reserves the batch's new
+        columns, as a write's does, so it comes last."""
+        if staged is None:
+            who, then = f"transaction {txn}", "nothing staged; the transaction stays open"
+        else:       # a one-request load: no transaction exists, none is begun
+            who, then = "begin", "nothing written, no transaction begun"
         if staged is not None and staged + len(rows_json) > self.cfg.max_staged_bytes:
-            return self._refuse(429, "too_many_staged_bytes", f"transaction {txn}: {staged} +"
+            return self._refuse(429, "too_many_staged_bytes", f"{who}: {staged} +"
                                 f" {len(rows_json)} bytes would exceed max_staged_bytes"
-                                f" {self.cfg.max_staged_bytes} (nothing staged)")
+                                f" {self.cfg.max_staged_bytes} ({then})")
         size = len(payload)
         limit = self.host.node_cfg.vnode.max_payload_bytes
         if size > limit:
-            return self._refuse(413, "too_large", f"transaction {txn}: the batch's record would"
-                                f" be {size} bytes, above max_payload_bytes {limit}:"
-                                " put it in several batches")
+            return self._refuse(413, "too_large", f"{who}: the batch's record would be {size}"
+                                f" bytes, above max_payload_bytes {limit}: put it in several"
+                                f" batches ({then})")
         reason, _, _ = self.host.vnode.prepare_raw(rows_json)  # type: ignore[union-attr]
         if reason is not None:
-            return self._refuse(400, "bad_rows", f"transaction {txn}: {reason} (nothing"
-                                " staged; the transaction stays open)")
+            return self._refuse(400, "bad_rows", f"{who}: {reason} ({then})")
         return None
 
     async def precommit(self, key: str) -> Response:
@@ -433,7 +440,7 @@ class Txns:
         refused = self._refusal()
         if refused is not None:
             return refused
-        t = self._find(key)
+        t = self._find(key, step=True)
         if isinstance(t, Response):
             return t
         going = self.finishing.get(t.id)

@@ -292,11 +292,21 @@ class _Checked:
         self.table_index = schema.get_field_index(TABLE_COLUMN)
 
 
+# ipc_scan's refusals of a stream that is well framed but refused by this node's rules
+# (vrepl/_core/arrowin.pxi); every other reason of ipc_scan is a stream that is not one
+# (truncated, malformed metadata, out of order): "not a valid Arrow IPC stream".
+_SCAN_RULE_REFUSALS = ("more than ", "compressed buffers ")
+
+
 def read_arrow(body: bytes | memoryview, vunit: int, max_rows: int) -> list[tuple]:
-    """The batches arrow_to_staged takes, from an IPC stream; StreamRefused with the reason."""
+    """The batches arrow_to_staged takes, from an IPC stream; StreamRefused with the reason
+    for a stream this node refuses, ValueError for one that is no valid stream."""
     reason, schema_meta, msgs = M.ipc_scan(body, ARROW_MAX_MESSAGES)
     if reason is not None or schema_meta is None or msgs is None:
-        raise StreamRefused(reason or "no schema message")
+        reason = reason or "no schema message"
+        if reason.startswith(_SCAN_RULE_REFUSALS):
+            raise StreamRefused(reason)
+        raise ValueError(reason)
     buf = pa.py_buffer(body)
     checked = _SCHEMAS.get(schema_meta)
     if checked is None:
