@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vrepl import killpoints
+from vrepl.txn import TxnRecord, encode_txn_payload
 from vrepl.vnode import ApplyError, PayloadError, Vnode, VnodeConfig, VnodeError
 from vrepl.vnode import staging as S
 from vrepl.vnode.files import MANIFEST_NAME
@@ -295,6 +296,7 @@ def test_unstaged_round_holds_the_archive_below_it(tmp_path):
     v.write_to_cache(iv, 1, payload)
     write(v, wal, [("t", 200, {"x": 2})])
     assert not v.pending_ingests()[0].staged
+    assert [r["ts"] for r in v.query("t", 0, 1000)] == [100, 200]   # not staged: not read
     v.flush(None, 3)
     assert v.archived_version == 1        # only below the round
     assert v.flush_due(up_to_version=3, now=1e12) is None
@@ -305,6 +307,45 @@ def test_unstaged_round_holds_the_archive_below_it(tmp_path):
     v.flush(None, 3)
     assert v.archived_version == 3
     assert [r["ts"] for r in v.query("t", 0, 1000)] == [0, 1, 2, 100, 200]
+
+
+def test_a_round_held_below_an_open_transaction_is_read_before_it_is_archived(tmp_path):
+    """A flush never passes the begin of an open transaction (docs/transactions.md §4), so
+    a round applied after that begin waits in the staging area until the transaction
+    ends. Reads show it meanwhile, as its flush will archive it: its files (ranked by its
+    version), what it removes gone; the table list counts it; a read racing the flush
+    that archives it and removes the staged copies snapshots again."""
+    v = Vnode(str(tmp_path), CFG)
+    wal = open_wal(v.path)
+    w1 = write(v, wal, [("t", 0, {"x": -1, "tag": "w"})])
+    payload = encode_txn_payload(TxnRecord("begin", w1 + 1, label="slow", timeout_ms=60_000, at_ms=0))
+    tv = wal.append(payload, 1)
+    assert v.apply_txn(tv, 1, payload).effect == "begun"
+    iv, _ = ingest(v, wal, [("t", origin_rows(3)), ("u", origin_rows(2))])
+    v.flush(None, iv)
+    assert v.archived_version == w1 and v.archive_held_by(iv) == tv
+    assert xs(v.query("t", 0, 10)) == [(0, 0, "o"), (1, 1, "o"), (2, 2, "o")]
+    assert v.has_table("u") and xs(v.query("u", 0, 10)) == [(0, 0, "o"), (1, 1, "o")]
+    assert {t["name"]: (t["archived_rows"], t["memtable_rows"]) for t in v.tables()} == {"t": (1, 3), "u": (0, 2)}
+    # The flush that archives it, between a read's snapshot and its file reads.
+    real = v._store.read
+    raced, seen = [], []
+
+    def read_racing_the_flush(f):
+        seen.append(f.name)
+        if not raced:
+            raced.append(f.name)
+            payload = encode_txn_payload(TxnRecord("abort", tv, at_ms=1, reason="client"))
+            c = wal.append(payload, 1)
+            v.apply_txn(c, 1, payload)
+            v.flush(None, c)
+        return real(f)
+
+    v._store.read = read_racing_the_flush
+    assert xs(v.query("t", 0, 10)) == [(0, 0, "o"), (1, 1, "o"), (2, 2, "o")]
+    # The snapshot named the staged copy; the flush removed it before it was read.
+    assert raced and any(n.startswith("ingest/staged/") for n in seen)
+    assert v.archive_held_by(iv) is None and v.archived_version >= iv and leftovers(v.path) == []
 
 
 def test_schema_conflict_of_a_round(tmp_path):

@@ -322,11 +322,21 @@ class Rounds(OfHost):
             pass
 
     async def _wait_applied(self, version: int, timeout_s: float) -> bool:
+        """Whether the round at `version` was archived here within `timeout_s`. Not waited
+        for while an open transaction holds the archive below it: the round is readable
+        already (reads show applied rounds, vrepl/vnode/query.py) and its flush waits for
+        that transaction to finish, which may take up to its timeout."""
         vnode = self.host.vnode
         if vnode is None:
             return False
         if vnode.archived_version >= version:
             return True
+        holder = vnode.archive_held_by(version)
+        if holder is not None:
+            log.info("vg%d n%d: the round at v%d is readable; it is archived once transaction %d"
+                     " (begun at v%d) finishes", self.host.id, self.host.node_id, version, holder,
+                     holder, extra={"event": "round_archive_held", "version": version, "txn": holder})
+            return False
         fut = self.host.loop.create_future()  # type: ignore[union-attr]
         self.applied_waiters.setdefault(version, []).append(fut)
         self.host._maybe_flush()

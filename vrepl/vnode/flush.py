@@ -54,6 +54,9 @@ class PendingIngest:
     epoch: int
     record: S.IngestRecord
     staged: bool
+    # A published transaction's inline rows as a memtable, built by the first read that
+    # needs them while the round waits for its flush (vrepl/vnode/query.py).
+    held: Memtable | None = None
 
 
 class VnodeFlush:
@@ -100,6 +103,16 @@ class VnodeFlush:
             if self.flush_due(up_to_version=up_to_version) is None:
                 return []
             return self.flush(wal, up_to_version)
+
+    def archive_held_by(self, version: int) -> int | None:
+        """The transaction (its id: its begin version) whose begin holds the archive below
+        `version` now (docs/transactions.md §4: a flush never passes the begin of an open
+        transaction), or None. A round at `version` is then readable but not archived
+        until that transaction finishes."""
+        with self._lock:
+            # Judged at the applied version: a transaction finished since is no holder.
+            cut = self.txns.flush_limit(max(version, self.applied_version))
+            return cut + 1 if cut < version else None
 
     def _limit(self, up_to_version: int | None) -> int:
         limit = self.applied_version if up_to_version is None \
