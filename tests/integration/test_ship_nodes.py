@@ -807,6 +807,31 @@ def test_a_clone_shipping_at_another_time_is_refused(tmp_path, edge):
         recv.close()
 
 
+def test_a_receiver_that_lost_files_txt_accepts_the_sender(tmp_path, edge):
+    """A receiver without history of a UUID (its files.txt lost) accepts the sender
+    (docs/ship.md §7.1), even when rounds.json still names rounds begun since the lost
+    list's round (a --resync round with nothing new leaves one): the round reconciles by
+    listing the archive's files of the sender, and no file crosses again."""
+    edge.write(gen_rows(["cpu", "mem"], 20))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        p = ship(edge, recv, "--once", "--resync")
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stderr
+        [sd] = glob.glob(os.path.join(node_vg(recv, 1), "ship", "*", "files.txt"))
+        assert os.path.exists(os.path.join(os.path.dirname(sd), "rounds.json"))
+        os.unlink(sd)
+        before = metric(recv, 1, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once", "--retries", "0")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "nothing new" in p.stdout, p.stdout
+        assert metric(recv, 1, "vrepl_ship_received_bytes_total") == before
+        assert metric(recv, 1, "vrepl_ship_refusals_total", reason="lineage") == 0
+        assert receiver_rows(recv, 1, ["cpu", "mem"]) == edge.rows(["cpu", "mem"])
+    finally:
+        recv.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, edge):
     """The receiver's state directory of this sender on a tmpfs with room for the round's

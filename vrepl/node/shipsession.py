@@ -303,11 +303,16 @@ class Session(SessionLoading):
         """A cloned UUID shipping at another time (docs/ship.md §7.1): the sender's last
         round must be this receiver's last completed round of the UUID, or a round begun
         since (a sender that crashed mid-round folds it). 0 (a sender that lost its state
-        directory) and a receiver without history (a new master) accept any."""
+        directory) and a receiver without history accept any. Without history means no
+        completed round in files.txt (a new master, a lost or unreadable files.txt), even if
+        rounds.json still names rounds begun since: they are only known relative to the
+        completed round they followed, which is gone."""
         if self.sd is None:
             raise InvariantViolation("self.sd is not set")
+        if not fl.round_id or not b.last_round_id:
+            return
         known = {x for x in (fl.round_id, *self.sd.read_begun()) if x}
-        if not known or not b.last_round_id or b.last_round_id in known:
+        if b.last_round_id in known:
             return
         uuid = b.uuid.hex()
         raise self.refuse(
