@@ -11,6 +11,7 @@ sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -197,6 +198,13 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
             recv.wait_for(f"n{nid} holds the round", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
                           20, 0.2)
         assert leftovers(recv) == [] and sender_leftovers(edge) == []
+        # The sender's state.json (docs/ship.md §4.1), master_index: the --to address (in
+        # --to's order, node 1 first) that answered as the master.
+        [state] = glob.glob(os.path.join(edge.vg, "ship", "*", "state.json"))
+        with open(state) as fh:
+            doc = json.load(fh)
+        assert set(doc) == {"uuid", "receiver", "vgroup", "master_index"}, doc
+        assert doc["master_index"] == recv.master() - 1 and doc["vgroup"] == VG
         # The master checksummed each shipped file once, as its bytes arrived: its load did
         # not read the files again (IngestFile.crc_on_write, docs/vnode.md §9.1).
         master = recv.master()

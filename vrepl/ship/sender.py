@@ -189,9 +189,11 @@ class Sender:
                 continue
             try:
                 res = self._session(stream, sel, deleted, list(new), t0)
-                Sender._master_hint[(opt.receiver, opt.vgroup)] = (first + k) % n
-                if k:  # remembered for the next process (state.json)
-                    self.sdir.write_state({**self.sdir.read_state(), "master_index": (first + k) % n})
+                master = (first + k) % n
+                Sender._master_hint[(opt.receiver, opt.vgroup)] = master
+                state = self.sdir.read_state()
+                if state.get("master_index") != master:  # remembered for the next process
+                    self.sdir.write_state({**state, "master_index": master})
                 return res
             except Refused as exc:
                 if exc.code != ERR_NOT_MASTER or self._log is not None:
