@@ -840,6 +840,40 @@ def test_a_receiver_that_lost_files_txt_accepts_the_sender(tmp_path, edge):
         recv.close()
 
 
+def test_sender_status_follows_each_completed_round_and_a_restart(tmp_path, edge):
+    """`ship_senders` of /v1/status (docs/ship.md §9): the figures of the last completed
+    round, also when it had nothing new (0 files, 0 bytes), a completed round clears the
+    last error, and after a node restart a sender with a state directory is listed with
+    its last completed round and the files held."""
+    edge.write(gen_rows(["cpu", "mem"], 20))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        clone = os.path.join(str(tmp_path), "clone-vg")
+        shutil.copytree(edge.vg, clone)
+        edge.write(gen_rows(["cpu"], 5, ts0=1000))
+        assert ship(edge, recv, "--once").returncode == EXIT_OK          # round 2: 1 new, 1 deleted
+        [st] = recv.status(1)["ship_senders"]
+        assert (st["last_round"], st["last_round_files"], st["files"]) == (2, 1, 2), st
+        assert st["last_round_bytes"] > 0 and st["last_error"] == ""
+        assert ship(edge, recv, "--once", data=clone).returncode == EXIT_REFUSED
+        [st] = recv.status(1)["ship_senders"]
+        assert "cloned data directory" in st["last_error"] and st["last_error_at"] > 0
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stderr
+        [st] = recv.status(1)["ship_senders"]
+        assert (st["last_round"], st["last_round_files"], st["last_round_bytes"]) == (3, 0, 0), st
+        assert st["last_error"] == "" and st["files"] == 2 and not st["connected"]
+        uuid = st["uuid"]
+        recv.kill(1, signal.SIGTERM)
+        recv.start(1)
+        recv.wait_master()
+        [st] = recv.status(1)["ship_senders"]
+        assert (st["uuid"], st["vgroup"], st["last_round"], st["files"]) == (uuid, VG, 2, 2), st
+    finally:
+        recv.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, edge):
     """The receiver's state directory of this sender on a tmpfs with room for the round's

@@ -178,6 +178,17 @@ class Session(SessionLoading):
                     self.status.connected = False
                 self.released = True
 
+    def _completed(self, seq: int, held_files: int, offered: int = 0, received_bytes: int = 0) -> None:
+        """The status of a round that completed (docs/ship.md §9): its figures replace the
+        previous round's, with or without anything new, and it clears the last error."""
+        st = self.status
+        if st is None:
+            raise InvariantViolation("self.status is not set")
+        st.last_round, st.last_round_at, st.files = seq, time.time(), held_files
+        st.last_round_files, st.last_round_bytes = offered, received_bytes
+        st.files_behind = st.bytes_behind = 0
+        st.last_error = ""
+
     def _note_error(self, reason: str) -> None:
         if self.status is not None and not self.released:
             self.status.last_error, self.status.last_error_at = reason, time.time()
@@ -229,8 +240,7 @@ class Session(SessionLoading):
             self._send_list(sd.files())
             msg = self.stream.recv()
         if type(msg) is P.End:  # nothing new: no sync.log at all
-            self.status.last_round, self.status.last_round_at = b.seq, time.time()
-            self.status.files_behind = self.status.bytes_behind = 0
+            self._completed(b.seq, held.files)
             self._release(uuid)
             self.stream.send(P.Done(b.seq, held.files, held.digest))
             return
@@ -278,11 +288,7 @@ class Session(SessionLoading):
         killpoint(KP_SYNC_END)
         recover(sd, self, keep_parts=False, vnode=vg.vnode)
         held, _ = sd.summary(self.svc.list_memo)  # parsed here: the next round's is not
-        st = self.status
-        st.last_round, st.last_round_at, st.files = b.seq, time.time(), held.files
-        st.last_round_files, st.last_round_bytes = len(self.offers), self.bytes_in
-        st.files_behind = st.bytes_behind = 0
-        st.last_error = ""
+        self._completed(b.seq, held.files, len(self.offers), self.bytes_in)
         self._release(uuid)
         self.stream.send(P.Done(b.seq, held.files, held.digest))
         log.info(
