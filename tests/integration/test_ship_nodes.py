@@ -874,6 +874,47 @@ def test_sender_status_follows_each_completed_round_and_a_restart(tmp_path, edge
         recv.close()
 
 
+def owner_cli(node: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(python_argv("-m", "vrepl.cli", "ship-owner", "--node", node, *args),
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_ship_owner_lists_releases_transfers_and_names_the_nodes_refusal(tmp_path):
+    """`vrepl ship-owner` (docs/ship.md §7, §8.2) against a real node: the list is one
+    `table<TAB>owner` line per table (`(released)` for a released one); 0 done; 2 with the
+    node's own reason when it answers 400 (`bad_owner`) or 404 (`no_vgroup`, `no_ship` on a
+    node without [[ship.senders]]); 4 when the node is unreachable."""
+    recv = receiver(tmp_path, 1)
+    plain = LocalCluster(os.path.join(str(tmp_path), "plain"), 1)
+    try:
+        http = recv.nodes[1].http
+        assert owner_cli(http).stdout == ""
+        uuid = "ab" * 16
+        p = owner_cli(http, "--vgroup", "1", "cpu", "--to", uuid)
+        assert p.returncode == 0 and p.stdout == f"cpu\t{uuid}\n", p
+        p = owner_cli(http, "mem", "--to", "local")
+        assert p.returncode == 0 and p.stdout == f"cpu\t{uuid}\nmem\tlocal\n", p
+        p = owner_cli(http, "cpu", "--release")
+        assert p.returncode == 0 and p.stdout == "cpu\t(released)\nmem\tlocal\n", p
+        assert owner_cli(http).stdout == p.stdout
+        p = owner_cli(http, "mem", "--to", "not-a-uuid")
+        assert p.returncode == 2 and "is not a sender UUID" in p.stderr, p
+        assert p.stderr.startswith("vrepl: error: ") and p.stderr.count("\n") == 1
+        p = owner_cli(http, "--vgroup", "9")
+        assert p.returncode == 2 and "no vgroup 9" in p.stderr, p
+        plain.start()
+        plain.wait_master(timeout_s=60)
+        p = owner_cli(plain.nodes[1].http)
+        assert p.returncode == 2 and "receives no ship senders" in p.stderr, p
+        plain.stop_all()
+        p = owner_cli(plain.nodes[1].http)
+        assert p.returncode == 4 and p.stderr.startswith("vrepl: error: ") and p.stderr.count("\n") == 1, p
+        assert "refused" in p.stderr.lower(), p
+    finally:
+        plain.close()
+        recv.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_at_the_receivers_logs_after_the_load_is_repaired(tmp_path, edge):
     """The receiver's state directory of this sender on a tmpfs with room for the round's

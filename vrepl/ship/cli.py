@@ -376,12 +376,18 @@ def run_owner(args: argparse.Namespace) -> int:
         with urllib.request.urlopen(req, timeout=10) as resp:
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
+        # The node's answer is {"error": one-line reason, "code": ...} (docs/client-api.md).
         try:
-            reason = json.loads(exc.read()).get("message", exc.reason)
-        except ValueError:
-            reason = exc.reason
+            doc = json.loads(exc.read())
+            reason = f"{doc['error']} ({doc.get('code', exc.code)})"
+        except (ValueError, TypeError, KeyError, OSError):
+            reason = f"HTTP {exc.code} {exc.reason}"
         _err(f"{args.node}: {reason}")
         return EXIT_USAGE if exc.code in (400, 404) else EXIT_PEER
+    except urllib.error.URLError as exc:
+        reason = exc.reason.strerror if isinstance(exc.reason, OSError) and exc.reason.strerror else exc.reason
+        _err(f"{args.node}: unreachable: {reason}")
+        return EXIT_PEER
     except (OSError, ValueError) as exc:
         _err(f"{args.node}: {exc}")
         return EXIT_PEER
