@@ -427,6 +427,7 @@ def test_second_sender_process_and_foreign_owner_are_refused(tmp_path, edge):
             p = ship(edge, recv, "--once")
             assert p.returncode == EXIT_IN_USE, p.stderr
             assert "another vrepl ship runs" in p.stderr
+            assert f"is in use by another process (pid {first.pid}, vrepl ship --to {to})" in p.stderr, p.stderr
         finally:
             first.terminate()
             first.wait(10)
