@@ -627,6 +627,48 @@ def test_on_flush_ships_each_time_the_vnode_archives(tmp_path, edge):
         recv.close()
 
 
+def test_a_vnode_that_archived_nothing_yet_has_nothing_new_and_other_dirs_are_refused(tmp_path, edge):
+    """`--data` is a vnode directory (docs/ship.md §8.1): one that has archived nothing yet
+    (data/ and wal/, no data/manifest.json: its node started, no flush yet) has nothing
+    new, exit 0, and `--on-flush` ships its first flush; a directory that is no vnode's is
+    refused, exit 2, with nothing written into it."""
+    edge.c.start()
+    edge.c.wait_master(timeout_s=60)
+    assert os.path.isdir(os.path.join(edge.vg, "wal"))
+    assert not os.path.exists(os.path.join(edge.vg, "data", "manifest.json"))
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, (p.stdout, p.stderr)
+        assert "nothing archived yet" in p.stdout, p.stdout
+        other = tmp_path / "not-a-vnode"
+        other.mkdir()
+        p = ship(edge, recv, "--once", data=str(other))
+        assert p.returncode == 2 and "not a vnode directory" in p.stderr, p.stderr
+        assert os.listdir(other) == []
+        to = recv.nodes[1].replication
+        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        env["VREPL_SHIP_SECRET"] = SECRET
+        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                            "--sender-id", "7", "--on-flush"),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            cl = edge.c.client()
+            cl.write(VG, gen_rows(["cpu"], 10))
+            cl.close()
+            edge.c.stop_all()                                  # the first flush
+            recv.wait_for("the round after the first flush",
+                          lambda: proc.poll() is not None or len(recv.replica_rows(1, "cpu")) == 10, 30, 0.2)
+            assert proc.poll() is None
+        finally:
+            proc.terminate()
+            out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 3, err
+        assert "1 of 1 new files loaded" in out, out
+    finally:
+        recv.close()
+
+
 class FlipProxy:
     """A TCP proxy on 127.0.0.1 that flips one bit of the sender's stream once, `flip_at`
     bytes into its first connection (inside a file's raw bytes for a file above 1 MiB)."""

@@ -37,6 +37,7 @@ from vrepl.endpoint import parse_endpoint
 from vrepl.errors import CliError, ConfigError
 from vrepl.secretfile import read_secret
 from vrepl.ship.errors import EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE, ShipError
+from vrepl.ship.select import vnode_dir_refusal
 from vrepl.ship.sender import RoundResult, Sender, SenderOptions
 from vrepl.ship.state import SenderDir
 from vrepl.untrusted import printable
@@ -150,6 +151,9 @@ def _options(args: argparse.Namespace) -> SenderOptions:
         raise CliError("--timeout must be positive", EXIT_USAGE)
     if not os.path.isdir(args.data):
         raise CliError(f"--data {args.data}: not a directory", EXIT_USAGE)
+    why = vnode_dir_refusal(args.data)  # before anything is written under <data>/ship/
+    if why is not None:
+        raise CliError(f"--data {why}", EXIT_USAGE)
     return SenderOptions(
         data=args.data,
         addresses=addresses,
@@ -307,7 +311,8 @@ def _round_with_retries(args: argparse.Namespace, opt: SenderOptions) -> int:
 def _summary(res: RoundResult, sender: Sender) -> None:
     for note in res.repaired:
         print(f"vrepl ship: recovered: {note}", file=sys.stderr)
-    print(f"vrepl ship: {res.describe()} (sender {sender.uuid})", flush=True)
+    who = f" (sender {sender.uuid})" if sender.uuid else ""  # no uuid yet: nothing archived
+    print(f"vrepl ship: {res.describe()}{who}", flush=True)
 
 
 class _FlushWatch:
