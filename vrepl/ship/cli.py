@@ -390,8 +390,8 @@ def run_owner(args: argparse.Namespace) -> int:
         _err(f"{args.node}: {reason}")
         return EXIT_USAGE if exc.code in (400, 404) else EXIT_PEER
     except urllib.error.URLError as exc:
-        reason = exc.reason.strerror if isinstance(exc.reason, OSError) and exc.reason.strerror else exc.reason
-        _err(f"{args.node}: unreachable: {reason}")
+        why = exc.reason
+        _err(f"{args.node}: unreachable: {why.strerror if isinstance(why, OSError) and why.strerror else why}")
         return EXIT_PEER
     except (OSError, ValueError) as exc:
         _err(f"{args.node}: {exc}")
