@@ -11,6 +11,7 @@ sender process on the same receiver, and a table owned by another sender."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -197,6 +198,13 @@ def test_round_reaches_every_replica_and_updates_follow(tmp_path, edge, replicas
             recv.wait_for(f"n{nid} holds the round", lambda nid=nid: receiver_rows(recv, nid, tables) == want,
                           20, 0.2)
         assert leftovers(recv) == [] and sender_leftovers(edge) == []
+        # The sender's state.json (docs/ship.md §4.1), master_index: the --to address (in
+        # --to's order, node 1 first) that answered as the master.
+        [state] = glob.glob(os.path.join(edge.vg, "ship", "*", "state.json"))
+        with open(state) as fh:
+            doc = json.load(fh)
+        assert set(doc) == {"uuid", "receiver", "vgroup", "master_index"}, doc
+        assert doc["master_index"] == recv.master() - 1 and doc["vgroup"] == VG
         # The master checksummed each shipped file once, as its bytes arrived: its load did
         # not read the files again (IngestFile.crc_on_write, docs/vnode.md §9.1).
         master = recv.master()
@@ -419,6 +427,7 @@ def test_second_sender_process_and_foreign_owner_are_refused(tmp_path, edge):
             p = ship(edge, recv, "--once")
             assert p.returncode == EXIT_IN_USE, p.stderr
             assert "another vrepl ship runs" in p.stderr
+            assert f"is in use by another process (pid {first.pid}, vrepl ship --to {to})" in p.stderr, p.stderr
         finally:
             first.terminate()
             first.wait(10)
@@ -618,6 +627,48 @@ def test_on_flush_ships_each_time_the_vnode_archives(tmp_path, edge):
         recv.close()
 
 
+def test_a_vnode_that_archived_nothing_yet_has_nothing_new_and_other_dirs_are_refused(tmp_path, edge):
+    """`--data` is a vnode directory (docs/ship.md §8.1): one that has archived nothing yet
+    (data/ and wal/, no data/manifest.json: its node started, no flush yet) has nothing
+    new, exit 0, and `--on-flush` ships its first flush; a directory that is no vnode's is
+    refused, exit 2, with nothing written into it."""
+    edge.c.start()
+    edge.c.wait_master(timeout_s=60)
+    assert os.path.isdir(os.path.join(edge.vg, "wal"))
+    assert not os.path.exists(os.path.join(edge.vg, "data", "manifest.json"))
+    recv = receiver(tmp_path, 1)
+    try:
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, (p.stdout, p.stderr)
+        assert "nothing archived yet" in p.stdout, p.stdout
+        other = tmp_path / "not-a-vnode"
+        other.mkdir()
+        p = ship(edge, recv, "--once", data=str(other))
+        assert p.returncode == 2 and "not a vnode directory" in p.stderr, p.stderr
+        assert os.listdir(other) == []
+        to = recv.nodes[1].replication
+        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+        env["VREPL_SHIP_SECRET"] = SECRET
+        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
+                                            "--sender-id", "7", "--on-flush"),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            cl = edge.c.client()
+            cl.write(VG, gen_rows(["cpu"], 10))
+            cl.close()
+            edge.c.stop_all()                                  # the first flush
+            recv.wait_for("the round after the first flush",
+                          lambda: proc.poll() is not None or len(recv.replica_rows(1, "cpu")) == 10, 30, 0.2)
+            assert proc.poll() is None
+        finally:
+            proc.terminate()
+            out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 3, err
+        assert "1 of 1 new files loaded" in out, out
+    finally:
+        recv.close()
+
+
 class FlipProxy:
     """A TCP proxy on 127.0.0.1 that flips one bit of the sender's stream once, `flip_at`
     bytes into its first connection (inside a file's raw bytes for a file above 1 MiB)."""
@@ -804,6 +855,106 @@ def test_a_clone_shipping_at_another_time_is_refused(tmp_path, edge):
         assert receiver_rows(recv, 1, ["cpu"]) == edge.rows(["cpu"])
         assert ship(edge, recv, "--once", data=clone).returncode == EXIT_REFUSED
     finally:
+        recv.close()
+
+
+def test_a_receiver_that_lost_files_txt_accepts_the_sender(tmp_path, edge):
+    """A receiver without history of a UUID (its files.txt lost) accepts the sender
+    (docs/ship.md §7.1), even when rounds.json still names rounds begun since the lost
+    list's round (a --resync round with nothing new leaves one): the round reconciles by
+    listing the archive's files of the sender, and no file crosses again."""
+    edge.write(gen_rows(["cpu", "mem"], 20))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        p = ship(edge, recv, "--once", "--resync")
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stderr
+        [sd] = glob.glob(os.path.join(node_vg(recv, 1), "ship", "*", "files.txt"))
+        assert os.path.exists(os.path.join(os.path.dirname(sd), "rounds.json"))
+        os.unlink(sd)
+        before = metric(recv, 1, "vrepl_ship_received_bytes_total")
+        p = ship(edge, recv, "--once", "--retries", "0")
+        assert p.returncode == EXIT_OK, p.stderr
+        assert "nothing new" in p.stdout, p.stdout
+        assert metric(recv, 1, "vrepl_ship_received_bytes_total") == before
+        assert metric(recv, 1, "vrepl_ship_refusals_total", reason="lineage") == 0
+        assert receiver_rows(recv, 1, ["cpu", "mem"]) == edge.rows(["cpu", "mem"])
+    finally:
+        recv.close()
+
+
+def test_sender_status_follows_each_completed_round_and_a_restart(tmp_path, edge):
+    """`ship_senders` of /v1/status (docs/ship.md §9): the figures of the last completed
+    round, also when it had nothing new (0 files, 0 bytes), a completed round clears the
+    last error, and after a node restart a sender with a state directory is listed with
+    its last completed round and the files held."""
+    edge.write(gen_rows(["cpu", "mem"], 20))
+    recv = receiver(tmp_path, 1)
+    try:
+        assert ship(edge, recv, "--once").returncode == EXIT_OK
+        clone = os.path.join(str(tmp_path), "clone-vg")
+        shutil.copytree(edge.vg, clone)
+        edge.write(gen_rows(["cpu"], 5, ts0=1000))
+        assert ship(edge, recv, "--once").returncode == EXIT_OK          # round 2: 1 new, 1 deleted
+        [st] = recv.status(1)["ship_senders"]
+        assert (st["last_round"], st["last_round_files"], st["files"]) == (2, 1, 2), st
+        assert st["last_round_bytes"] > 0 and st["last_error"] == ""
+        assert ship(edge, recv, "--once", data=clone).returncode == EXIT_REFUSED
+        [st] = recv.status(1)["ship_senders"]
+        assert "cloned data directory" in st["last_error"] and st["last_error_at"] > 0
+        p = ship(edge, recv, "--once")
+        assert p.returncode == EXIT_OK and "nothing new" in p.stdout, p.stderr
+        [st] = recv.status(1)["ship_senders"]
+        assert (st["last_round"], st["last_round_files"], st["last_round_bytes"]) == (3, 0, 0), st
+        assert st["last_error"] == "" and st["files"] == 2 and not st["connected"]
+        uuid = st["uuid"]
+        recv.kill(1, signal.SIGTERM)
+        recv.start(1)
+        recv.wait_master()
+        [st] = recv.status(1)["ship_senders"]
+        assert (st["uuid"], st["vgroup"], st["last_round"], st["files"]) == (uuid, VG, 2, 2), st
+    finally:
+        recv.close()
+
+
+def owner_cli(node: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(python_argv("-m", "vrepl.cli", "ship-owner", "--node", node, *args),
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_ship_owner_lists_releases_transfers_and_names_the_nodes_refusal(tmp_path):
+    """`vrepl ship-owner` (docs/ship.md §7, §8.2) against a real node: the list is one
+    `table<TAB>owner` line per table (`(released)` for a released one); 0 done; 2 with the
+    node's own reason when it answers 400 (`bad_owner`) or 404 (`no_vgroup`, `no_ship` on a
+    node without [[ship.senders]]); 4 when the node is unreachable."""
+    recv = receiver(tmp_path, 1)
+    plain = LocalCluster(os.path.join(str(tmp_path), "plain"), 1)
+    try:
+        http = recv.nodes[1].http
+        assert owner_cli(http).stdout == ""
+        uuid = "ab" * 16
+        p = owner_cli(http, "--vgroup", "1", "cpu", "--to", uuid)
+        assert p.returncode == 0 and p.stdout == f"cpu\t{uuid}\n", p
+        p = owner_cli(http, "mem", "--to", "local")
+        assert p.returncode == 0 and p.stdout == f"cpu\t{uuid}\nmem\tlocal\n", p
+        p = owner_cli(http, "cpu", "--release")
+        assert p.returncode == 0 and p.stdout == "cpu\t(released)\nmem\tlocal\n", p
+        assert owner_cli(http).stdout == p.stdout
+        p = owner_cli(http, "mem", "--to", "not-a-uuid")
+        assert p.returncode == 2 and "is not a sender UUID" in p.stderr, p
+        assert p.stderr.startswith("vrepl: error: ") and p.stderr.count("\n") == 1
+        p = owner_cli(http, "--vgroup", "9")
+        assert p.returncode == 2 and "no vgroup 9" in p.stderr, p
+        plain.start()
+        plain.wait_master(timeout_s=60)
+        p = owner_cli(plain.nodes[1].http)
+        assert p.returncode == 2 and "receives no ship senders" in p.stderr, p
+        plain.stop_all()
+        p = owner_cli(plain.nodes[1].http)
+        assert p.returncode == 4 and p.stderr.startswith("vrepl: error: ") and p.stderr.count("\n") == 1, p
+        assert "refused" in p.stderr.lower(), p
+    finally:
+        plain.close()
         recv.close()
 
 

@@ -153,8 +153,8 @@ class ShipService:
                     if done:
                         log.info("ship %s vg%d: recovered: %s", name, vg.id, "; ".join(done))
                     st = self.status_of.setdefault(name, SenderStatus(name))
-                    st.vgroup = vg.id
-                    st.files = len(sd.files().entries)
+                    held = sd.files()
+                    st.vgroup, st.files, st.last_round = vg.id, len(held.entries), held.seq
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True

@@ -178,6 +178,17 @@ class Session(SessionLoading):
                     self.status.connected = False
                 self.released = True
 
+    def _completed(self, seq: int, held_files: int, offered: int = 0, received_bytes: int = 0) -> None:
+        """The status of a round that completed (docs/ship.md §9): its figures replace the
+        previous round's, with or without anything new, and it clears the last error."""
+        st = self.status
+        if st is None:
+            raise InvariantViolation("self.status is not set")
+        st.last_round, st.last_round_at, st.files = seq, time.time(), held_files
+        st.last_round_files, st.last_round_bytes = offered, received_bytes
+        st.files_behind = st.bytes_behind = 0
+        st.last_error = ""
+
     def _note_error(self, reason: str) -> None:
         if self.status is not None and not self.released:
             self.status.last_error, self.status.last_error_at = reason, time.time()
@@ -229,8 +240,7 @@ class Session(SessionLoading):
             self._send_list(sd.files())
             msg = self.stream.recv()
         if type(msg) is P.End:  # nothing new: no sync.log at all
-            self.status.last_round, self.status.last_round_at = b.seq, time.time()
-            self.status.files_behind = self.status.bytes_behind = 0
+            self._completed(b.seq, held.files)
             self._release(uuid)
             self.stream.send(P.Done(b.seq, held.files, held.digest))
             return
@@ -278,11 +288,7 @@ class Session(SessionLoading):
         killpoint(KP_SYNC_END)
         recover(sd, self, keep_parts=False, vnode=vg.vnode)
         held, _ = sd.summary(self.svc.list_memo)  # parsed here: the next round's is not
-        st = self.status
-        st.last_round, st.last_round_at, st.files = b.seq, time.time(), held.files
-        st.last_round_files, st.last_round_bytes = len(self.offers), self.bytes_in
-        st.files_behind = st.bytes_behind = 0
-        st.last_error = ""
+        self._completed(b.seq, held.files, len(self.offers), self.bytes_in)
         self._release(uuid)
         self.stream.send(P.Done(b.seq, held.files, held.digest))
         log.info(
@@ -303,11 +309,16 @@ class Session(SessionLoading):
         """A cloned UUID shipping at another time (docs/ship.md §7.1): the sender's last
         round must be this receiver's last completed round of the UUID, or a round begun
         since (a sender that crashed mid-round folds it). 0 (a sender that lost its state
-        directory) and a receiver without history (a new master) accept any."""
+        directory) and a receiver without history accept any. Without history means no
+        completed round in files.txt (a new master, a lost or unreadable files.txt), even if
+        rounds.json still names rounds begun since: they are only known relative to the
+        completed round they followed, which is gone."""
         if self.sd is None:
             raise InvariantViolation("self.sd is not set")
+        if not fl.round_id or not b.last_round_id:
+            return
         known = {x for x in (fl.round_id, *self.sd.read_begun()) if x}
-        if not known or not b.last_round_id or b.last_round_id in known:
+        if b.last_round_id in known:
             return
         uuid = b.uuid.hex()
         raise self.refuse(

@@ -37,6 +37,7 @@ from vrepl.endpoint import parse_endpoint
 from vrepl.errors import CliError, ConfigError
 from vrepl.secretfile import read_secret
 from vrepl.ship.errors import EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PEER, EXIT_USAGE, ShipError
+from vrepl.ship.select import vnode_dir_refusal
 from vrepl.ship.sender import RoundResult, Sender, SenderOptions
 from vrepl.ship.state import SenderDir
 from vrepl.untrusted import printable
@@ -150,6 +151,9 @@ def _options(args: argparse.Namespace) -> SenderOptions:
         raise CliError("--timeout must be positive", EXIT_USAGE)
     if not os.path.isdir(args.data):
         raise CliError(f"--data {args.data}: not a directory", EXIT_USAGE)
+    why = vnode_dir_refusal(args.data)  # before anything is written under <data>/ship/
+    if why is not None:
+        raise CliError(f"--data {why}", EXIT_USAGE)
     return SenderOptions(
         data=args.data,
         addresses=addresses,
@@ -307,7 +311,8 @@ def _round_with_retries(args: argparse.Namespace, opt: SenderOptions) -> int:
 def _summary(res: RoundResult, sender: Sender) -> None:
     for note in res.repaired:
         print(f"vrepl ship: recovered: {note}", file=sys.stderr)
-    print(f"vrepl ship: {res.describe()} (sender {sender.uuid})", flush=True)
+    who = f" (sender {sender.uuid})" if sender.uuid else ""  # no uuid yet: nothing archived
+    print(f"vrepl ship: {res.describe()}{who}", flush=True)
 
 
 class _FlushWatch:
@@ -376,12 +381,18 @@ def run_owner(args: argparse.Namespace) -> int:
         with urllib.request.urlopen(req, timeout=10) as resp:
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
+        # The node's answer is {"error": one-line reason, "code": ...} (docs/client-api.md).
         try:
-            reason = json.loads(exc.read()).get("message", exc.reason)
-        except ValueError:
-            reason = exc.reason
+            doc = json.loads(exc.read())
+            reason = f"{doc['error']} ({doc.get('code', exc.code)})"
+        except (ValueError, TypeError, KeyError, OSError):
+            reason = f"HTTP {exc.code} {exc.reason}"
         _err(f"{args.node}: {reason}")
         return EXIT_USAGE if exc.code in (400, 404) else EXIT_PEER
+    except urllib.error.URLError as exc:
+        why = exc.reason
+        _err(f"{args.node}: unreachable: {why.strerror if isinstance(why, OSError) and why.strerror else why}")
+        return EXIT_PEER
     except (OSError, ValueError) as exc:
         _err(f"{args.node}: {exc}")
         return EXIT_PEER

@@ -48,8 +48,11 @@ class RoundResult:
     seconds: float = 0.0
     nothing_new: bool = False
     manifest_unchanged: bool = False  # unchanged.json matched: the manifest was not parsed
+    nothing_archived: bool = False  # the vnode has no manifest yet: no connection was made
 
     def describe(self) -> str:
+        if self.nothing_archived:
+            return f"round {self.seq} to {self.receiver}: nothing new (nothing archived yet: no data/manifest.json)"
         if self.nothing_new:
             how = "manifest unchanged" if self.manifest_unchanged else "manifest diffed"
             return f"round {self.seq} to {self.receiver}: nothing new ({self.seconds * 1000:.0f} ms, {how})"

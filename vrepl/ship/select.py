@@ -16,14 +16,46 @@ import os
 
 from vrepl._core import crc32c as _crc
 from vrepl.errors import ArchiveError
-from vrepl.manifest import MANIFEST_NAME, Manifest
+from vrepl.manifest import DATA_DIR, MANIFEST_NAME, Manifest
 from vrepl.names import TABLE_NAME_RE
 from vrepl.restore.paths import name_refusal
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import StateError, UnsafeName
-from vrepl.ship.state import LAST_LIST, FileList, Key, ListSummary, SenderDir, fingerprint
+from vrepl.ship.state import CURRENT_LIST, LAST_LIST, SYNC_LOG, FileList, Key, ListSummary, SenderDir, fingerprint
 
 CRC_CHUNK_BYTES = 16 * 1024 * 1024
+WAL_DIR = "wal"  # a vnode directory's WAL (vrepl/vnode/restoreinfo.py; not imported: no vnode here)
+
+
+def vnode_dir_refusal(data: str) -> str | None:
+    """Why `data` is no vnode directory, or None when it is one: it holds data/manifest.json,
+    or data/ and wal/ (a vnode that has archived nothing yet)."""
+    if os.path.isfile(os.path.join(data, MANIFEST_NAME)):
+        return None
+    if os.path.isdir(os.path.join(data, DATA_DIR)) and os.path.isdir(os.path.join(data, WAL_DIR)):
+        return None
+    return (
+        f"{data}: not a vnode directory (neither {MANIFEST_NAME} nor {DATA_DIR}/ and {WAL_DIR}/):"
+        " give the directory that holds data/ and wal/, e.g. <data_dir>/vg1"
+    )
+
+
+def nothing_archived_yet(sdir: SenderDir, data: str) -> ListSummary | None:
+    """The last list's summary when the vnode has archived nothing yet (no manifest) and
+    nothing was shipped from it to this receiver (no list naming a file, no round under
+    way): the round has nothing to do and needs no connection. None otherwise, including a
+    manifest gone after files were shipped (the round then says it is missing)."""
+    if os.path.exists(os.path.join(data, MANIFEST_NAME)):
+        return None
+    if any(os.path.exists(sdir.p(name)) for name in (SYNC_LOG, CURRENT_LIST)):
+        return None
+    try:
+        last = FileList.read(sdir.p(LAST_LIST))
+    except FileNotFoundError:
+        return FileList({}).summary()
+    except (StateError, OSError):
+        return None
+    return last.summary() if not last.entries else None
 
 
 def read_manifest_bytes(data: str) -> bytes:

@@ -34,7 +34,7 @@ from vrepl.manifest import Manifest
 from vrepl.ship import protocol as P
 from vrepl.ship.errors import ERR_NOT_MASTER, BadData, PeerGone, Refused, ShipError
 from vrepl.ship.round import RoundResult, SenderOptions
-from vrepl.ship.select import Selection, diff, file_magic_of
+from vrepl.ship.select import Selection, diff, file_magic_of, nothing_archived_yet
 from vrepl.ship.state import (
     LAST_LIST,
     LOG_DELETED_END,
@@ -143,6 +143,11 @@ class Sender:
         a failure is kept (sync.log), and the next round continues from there."""
         t0 = time.monotonic()
         opt = self.opt
+        empty = nothing_archived_yet(self.sdir, opt.data)
+        if empty is not None:  # nothing to ship, nothing to write: the next flush is the first
+            self._res = RoundResult(receiver=opt.receiver, seq=empty.seq + 1, nothing_new=True, nothing_archived=True)
+            self._res.seconds = time.monotonic() - t0
+            return self._res
         uuid, note = load_uuid(opt.data, given=opt.uuid, fsync=opt.fsync)
         self.uuid = uuid
         self.sdir.ensure()
@@ -189,9 +194,11 @@ class Sender:
                 continue
             try:
                 res = self._session(stream, sel, deleted, list(new), t0)
-                Sender._master_hint[(opt.receiver, opt.vgroup)] = (first + k) % n
-                if k:  # remembered for the next process (state.json)
-                    self.sdir.write_state({**self.sdir.read_state(), "master_index": (first + k) % n})
+                master = (first + k) % n
+                Sender._master_hint[(opt.receiver, opt.vgroup)] = master
+                state = self.sdir.read_state()
+                if state.get("master_index") != master:  # remembered for the next process
+                    self.sdir.write_state({**state, "master_index": master})
                 return res
             except Refused as exc:
                 if exc.code != ERR_NOT_MASTER or self._log is not None:
