@@ -318,6 +318,9 @@ def test_wrong_secret_and_unknown_sender_are_refused(tmp_path, edge):
         p = ship(edge, recv, "--once", secret="not-the-secret-of-sender-7")
         assert p.returncode == EXIT_PEER
         assert "has another secret" in p.stderr
+        # The sender's own secret, not the cluster's (docs/ship.md §2).
+        assert "server proof does not match this sender's secret" in p.stderr
+        assert "cluster secret" not in p.stderr
         p = ship(edge, recv, "--once", sender_id=99)
         assert p.returncode == EXIT_PEER
         assert "refused the ship connection" in p.stderr

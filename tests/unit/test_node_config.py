@@ -185,3 +185,17 @@ def test_the_shipped_example_names_every_setting():
     wanted |= {f.name for f in dataclasses.fields(HttpSettings)} - {"token"}
     wanted |= {"log_file", "log_format", "log_level", "flush_check_ms", "stop_timeout_ms"}
     assert wanted - written == set()
+
+
+@pytest.mark.parametrize("senders,reason", [
+    ([{"secret": "x" * 16}], "ship.senders[0].id is missing"),
+    ([{"id": 0, "secret": "x" * 16}], "ship.senders[0].id must be in 1..2^31-1, got 0"),
+    ([{"id": 7, "secret": "x" * 16}, {"id": 7, "secret": "y" * 16}], "ship.senders[1].id 7 appears twice"),
+    ([{"id": 7, "secret": "x" * 16, "secret_file": "s"}], "ship.senders[0]: give secret or secret_file, not both"),
+    (["x"], "ship.senders[0] must be a table"),
+])
+def test_ship_sender_mistakes_are_one_line_naming_the_entry(senders, reason):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(base(ship={"senders": senders}))
+    assert reason in str(exc.value) and "\n" not in str(exc.value)
+    assert ".:" not in str(exc.value)

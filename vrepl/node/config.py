@@ -419,7 +419,7 @@ def _ship_settings(table: Any, base_dir: str, vgroup_ids: set[int]) -> dict[int,
         text = _get(s, "secret", str, None, where)
         sfile = _get(s, "secret_file", str, None, where)
         if text and sfile:
-            raise ConfigError(f"{where}: give secret or secret_file, not both")
+            raise ConfigError(f"{where.rstrip('.')}: give secret or secret_file, not both")
         if sfile:
             path = sfile if os.path.isabs(sfile) else os.path.join(base_dir, sfile)
             try:

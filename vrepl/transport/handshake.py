@@ -61,8 +61,11 @@ class ClientHandshake:
         target_node: int,
         nonce: bytes | None = None,
         any_server: bool = False,
+        secret_name: str = "the cluster secret",
     ) -> None:
         self.secret = secret
+        # What the secret is, for the refusal: a sender's own secret is not the cluster's.
+        self.secret_name = secret_name
         self.hello = Hello(int(kind), vgroup_id, node, target_node, nonce or new_nonce())
         self.done = False
         # A restore tool knows the address but not the node id: it accepts the node that
@@ -81,7 +84,7 @@ class ClientHandshake:
                 raise HandshakeError(f"server is n{msg.node}, expected n{self.hello.target_node}")
             expected = make_proof(self.secret, "server", self.hello, msg.node, msg.nonce)
             if not hmac.compare_digest(expected, msg.proof):
-                raise HandshakeError("server proof does not match the cluster secret")
+                raise HandshakeError(f"server proof does not match {self.secret_name}")
             self._state = "wait_welcome"
             self.server_node = msg.node
             return codec.encode(Auth(make_proof(self.secret, "client", self.hello, msg.node, msg.nonce)))
