@@ -6,6 +6,7 @@ TLS context's refusals (missing file, key mismatch, passphrase)."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import socket
 import threading
@@ -36,6 +37,8 @@ class Served:
         self.addr = ("127.0.0.1", self.srv.port)
 
     def handle(self, req):
+        if req.path == "/nothing":
+            return Response(204, raw=b"", headers=(("X-Influxdb-Version", "vrepl"),))
         return Response(200, {"path": req.path, "query": req.query, "len": len(req.body),
                               "pad": "x" * (100_000 if req.path == "/big" else 0)})
 
@@ -413,3 +416,25 @@ def test_a_streamed_body_goes_to_its_sink_whatever_its_bytes(served):
     while not sinks[-1].aborted and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sinks[-1].aborted and bytes(sinks[-1].data) == b"abc"
+
+
+def test_a_204_has_no_content_length_and_keeps_the_connection(served):
+    """RFC 9110 §8.6: a 204 carries no Content-Length (the InfluxDB routes answer 204);
+    a real client reads it and the next answer on the same connection."""
+    srv = served()
+    with connect(srv.addr) as s:
+        s.sendall(b"POST /nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        head = s.recv(65536)
+    assert head.startswith(b"HTTP/1.1 204 No Content\r\n") and head.endswith(b"\r\n\r\n")
+    assert b"content-length" not in head.lower() and b"content-type" not in head.lower()
+    assert b"X-Influxdb-Version: vrepl\r\n" in head
+    conn = http.client.HTTPConnection(*srv.addr, timeout=5)
+    try:
+        conn.request("POST", "/nothing", body=b"")
+        r = conn.getresponse()
+        assert (r.status, r.read()) == (204, b"")
+        conn.request("GET", "/ok")
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["path"] == "/ok"
+    finally:
+        conn.close()

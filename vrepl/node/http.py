@@ -80,6 +80,9 @@ def encode_response(resp: Response, keep_alive: bool) -> bytes:
     conn = b"keep-alive" if keep_alive and not resp.close else b"close"
     extra = (b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in resp.headers)
              if resp.headers else b"")
+    if resp.status == 204:
+        # RFC 9110 §8.6: no Content-Length in a 204, and it has no content to type.
+        return b"HTTP/1.1 204 No Content\r\nConnection: %s\r\n%s\r\n" % (conn, extra)
     head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
             b"Connection: %s\r\n%s\r\n" % (resp.status, REASONS.get(resp.status, "Error").encode(),
                                            resp.content_type.encode(), len(body), conn, extra))
