@@ -607,16 +607,20 @@ def test_rounds_back_to_back_are_not_refused_as_a_second_process(tmp_path, edge)
         recv.close()
 
 
+def on_flush_sender(edge, recv) -> subprocess.Popen:
+    """`vrepl ship --on-flush` from the edge into node 1 of `recv`, running until stopped."""
+    env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
+    env["VREPL_SHIP_SECRET"] = SECRET
+    return subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", recv.nodes[1].replication,
+                                        "--data", edge.vg, "--sender-id", "7", "--on-flush"),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_on_flush_ships_each_time_the_vnode_archives(tmp_path, edge):
     edge.write(gen_rows(["cpu"], 10))
     recv = receiver(tmp_path, 1)
     try:
-        to = recv.nodes[1].replication
-        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
-        env["VREPL_SHIP_SECRET"] = SECRET
-        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
-                                            "--sender-id", "7", "--on-flush"),
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = on_flush_sender(edge, recv)
         try:
             recv.wait_for("the first round", lambda: len(recv.replica_rows(1, "cpu")) == 10, 30, 0.2)
             edge.write(gen_rows(["cpu"], 10, ts0=100))        # the edge flushes: its manifest changes
@@ -649,12 +653,7 @@ def test_a_vnode_that_archived_nothing_yet_has_nothing_new_and_other_dirs_are_re
         p = ship(edge, recv, "--once", data=str(other))
         assert p.returncode == 2 and "not a vnode directory" in p.stderr, p.stderr
         assert os.listdir(other) == []
-        to = recv.nodes[1].replication
-        env = {k: v for k, v in os.environ.items() if k != "VREPL_KILLPOINT"}
-        env["VREPL_SHIP_SECRET"] = SECRET
-        proc = subprocess.Popen(python_argv("-m", "vrepl.cli", "ship", "--to", to, "--data", edge.vg,
-                                            "--sender-id", "7", "--on-flush"),
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = on_flush_sender(edge, recv)
         try:
             cl = edge.c.client()
             cl.write(VG, gen_rows(["cpu"], 10))
