@@ -182,8 +182,15 @@ def connect(
     stream = ShipStream(sock, io_timeout_s=timeout_s)
     raw = stream.raw
     try:
-        hs = ClientHandshake(secret, codec.ConnKind.SHIP, vgroup, sender_id, SHIP_ANY_NODE, any_server=True,
-                             secret_name="this sender's secret")
+        hs = ClientHandshake(
+            secret,
+            codec.ConnKind.SHIP,
+            vgroup,
+            sender_id,
+            SHIP_ANY_NODE,
+            any_server=True,
+            secret_name="this sender's secret",
+        )
         raw.send_bytes(hs.start())
         while not hs.done:
             rec = raw.recv_record(4096)
