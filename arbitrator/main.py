@@ -18,6 +18,7 @@ import tomllib
 
 from arbitrator.metrics import MetricsListener
 from arbitrator.server import Arbitrator, ArbitratorConfig, max_backed_replica_lease_ms
+from vrepl.argparsing import OneLineArgumentParser
 from vrepl.errors import ConfigError
 from vrepl.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from vrepl.logsetup import LOG_FORMATS, LOG_LEVELS, reopen_logs, setup_logging
@@ -136,7 +137,7 @@ async def _run(cfg: ArbitratorConfig, metrics_at: tuple[str, int] | None) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="vrepl-arbitrator", description="vrepl arbitrator:"
+    ap = OneLineArgumentParser(prog="vrepl-arbitrator", tool="vrepl-arbitrator", description="vrepl arbitrator:"
                                  " grants one master per vgroup and epoch a renewable lease",
                                  epilog="A flag overrides the same key of --config. Exit codes:"
                                  " 0 stopped by SIGTERM/SIGINT, 1 could not start (port in use),"

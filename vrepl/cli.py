@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import vrepl
+from vrepl.argparsing import OneLineArgumentParser, host_port, host_port_list
 from vrepl.errors import (CliError, ConfigError, DirInUseError, ListenError, VreplError,
                           WalCorruptError, WalError)
 from vrepl.exitcodes import EXIT_FAILED, EXIT_IN_USE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -350,7 +351,7 @@ def command_named(argv: Sequence[str]) -> str | None:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `vrepl` parser: with `command`, a command of COMMAND_MODULES or of this module,
     only that command's module is imported for its parser; otherwise every command's."""
-    p = argparse.ArgumentParser(prog="vrepl", description="vrepl: master-slave replication for"
+    p = OneLineArgumentParser(prog="vrepl", description="vrepl: master-slave replication for"
                                 " time-series vnodes (TDengine 2.0 style)")
     p.add_argument("--version", action="version", version=f"vrepl {vrepl.__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log library events to stderr")
@@ -410,7 +411,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="every node of every vgroup: role, versions, lag, last"
                         " heard, arbitrator")
-    st.add_argument("--node", required=True, metavar="HOST:PORT", help="any node's HTTP address")
+    st.add_argument("--node", required=True, type=host_port, metavar="HOST:PORT", help="any node's HTTP address")
     st.add_argument("--json", action="store_true", help="the cluster view as JSON (with each"
                     " node's status document); with --watch, one document per line")
     st.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each node's"
@@ -436,7 +437,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     dm.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="load generator: concurrent clients against a vgroup")
-    b.add_argument("--nodes", help="HTTP addresses (host:port,...); default: start a local"
+    b.add_argument("--nodes", type=host_port_list, help="HTTP addresses (host:port,...); default: start a local"
                    " 3-replica cluster (quorum 2) in a temporary directory")
     b.add_argument("--vgroup", type=int, default=1, metavar="N", help="vgroup written (1)")
     b.add_argument("--clients", type=int, default=16, help="concurrent clients (16)")

@@ -19,6 +19,7 @@ from vrepl.renamed import new_keywords, renamed_settings
 from vrepl.replica import Config as ReplicaConfig
 from vrepl.replica import config_invalid
 from vrepl.replica.lease import DEFAULT_CLOCK_DRIFT_RATIO, DEFAULT_LEASE_ALLOWANCE_MS
+from vrepl.wal import HEADER_SIZE
 
 MiB = 1024 * 1024
 
@@ -186,4 +187,14 @@ def sync_config_invalid(cfg: SyncConfig) -> str | None:
         return "max_send_queue_bytes must be >= send_queue_high_bytes"
     if cfg.max_frame_bytes > 0xFFFFFFFF:
         return "max_record_bytes is too large for a frame"
-    return config_invalid(cfg.replica_config())
+    if cfg.max_wal_file_bytes < HEADER_SIZE:
+        # the WAL refuses it only when start() opens it: a traceback instead of this line
+        return f"max_wal_file_bytes must be >= {HEADER_SIZE} (one record header)"
+    if cfg.max_wal_inline_sync_bytes < 0:
+        return "max_wal_inline_sync_bytes must be >= 0 (0: off)"
+    reason = config_invalid(cfg.replica_config())
+    if reason is None:
+        return None
+    # The core still speaks the old names of the limits it checks; the user wrote the new ones.
+    name, _, rest = reason.partition(" ")
+    return f"{RENAMED_SYNC_SETTINGS.get(name, name)} {rest}"

@@ -146,3 +146,37 @@ def test_console_script_installed():
     assert exe, "the vrepl console script is not on PATH"
     proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["status"], "vrepl: error: status: the following arguments are required: --node"
+                 " (see vrepl status --help)"),
+    (["status", "--node", "nonsense"],
+     "vrepl: error: status: argument --node: address 'nonsense' is not host:port"
+     " (see vrepl status --help)"),
+    (["status", "--node", "127.0.0.1:6201", "--timeout", "soon"],
+     "vrepl: error: status: argument --timeout: invalid float value: 'soon' (see vrepl status --help)"),
+    (["txn", "list", "--node", "6201"],
+     "vrepl: error: txn list: argument --node: address '6201' is not host:port"
+     " (see vrepl txn list --help)"),
+    (["bench", "--nodes", "127.0.0.1:6201,nohost"],
+     "vrepl: error: bench: argument --nodes: address 'nohost' is not host:port (see vrepl bench --help)"),
+    (["ship-owner", "--node", "x:y", "cpu"],
+     "vrepl: error: ship-owner: argument --node: address 'x:y' is not host:port"
+     " (see vrepl ship-owner --help)"),
+])
+def test_a_usage_mistake_is_one_line_exit_2(argv, line):
+    """docs/operations.md §Exit codes: every failure is one line, `vrepl: error: <reason>`; a
+    usage error exits 2 (argparse printed its usage block first, and a malformed --node
+    was a ValueError traceback, exit 1)."""
+    proc = run(*argv)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line])
+
+
+def test_an_arbitrator_usage_mistake_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, "-P", "-m", "arbitrator.main", "--lease-ms", "long"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "vrepl-arbitrator: error: argument --lease-ms: invalid int value: 'long'"
+        " (see vrepl-arbitrator --help)"]

@@ -123,3 +123,20 @@ def test_series_table_names_follow_the_documented_rule():
              ("disk io", {"dev": "sda"})]
     for measurement, tags in cases:
         assert table_of_series(measurement, tags) == documented(measurement, tags), measurement
+
+
+def test_every_log_event_is_in_the_documented_table():
+    # docs/operations.md §Logs: `event` names what happened, from the table; a line the
+    # code names with an event of its own must be there, or a JSON-log reader cannot know it.
+    from vrepl.instance import corelog
+
+    root = DOCS.parent
+    table = (DOCS / "operations.md").read_text().split("| event | level |")[1].split("\n\n")[0]
+    documented = {name for row in table.splitlines() if row.startswith("| `")
+                  for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+    emitted = {event for _, event in corelog._CORE_EVENTS}
+    for path in [*(root / "vrepl").rglob("*.py"), *(root / "arbitrator").rglob("*.py")]:
+        if "testing" in path.parts:
+            continue
+        emitted |= set(re.findall(r"""["']event["']: *["']([a-z_]+)["']""", path.read_text()))
+    assert emitted - documented == set()

@@ -37,7 +37,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               # name rules, durable writes, the manifest's format, a command's secret
               "vrepl.names", "vrepl.durable", "vrepl.manifest", "vrepl.secretfile",
               # writing a received file around the page cache
-              "vrepl.directio", "vrepl.endpoint")),  # leaves
+              "vrepl.directio", "vrepl.endpoint",
+              "vrepl.argparsing")),  # leaves
 )
 # Prefixes that name one module only, not the modules under it ("vrepl" is the package's
 # __init__, its version; every other module of vrepl must be placed on purpose).

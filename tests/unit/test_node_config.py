@@ -112,6 +112,8 @@ BAD = [
     ({"vnode": {"max_memtable_rows": "many"}}, "vnode.max_memtable_rows must be int"),
     ({"sync": {"tick_ms": "fast"}}, "sync.tick_ms must be int"),
     ({"sync": {"nope": 1}}, "unknown setting sync.nope"),
+    ({"sync": {"max_wal_file_bytes": 0}}, "vgroup 1: max_wal_file_bytes must be >= 36"),
+    ({"sync": {"max_wal_inline_sync_bytes": -1}}, "vgroup 1: max_wal_inline_sync_bytes must be >= 0"),
     ({"restore": {"io_timeout_s": 0}}, "restore.io_timeout_s must be > 0"),
     ({"restore": {"max_concurrent_restores": 0}}, "restore.max_concurrent_restores must be >= 1"),
     ({"restore": {"enabled": 1}}, "restore.enabled must be bool"),
@@ -199,3 +201,22 @@ def test_ship_sender_mistakes_are_one_line_naming_the_entry(senders, reason):
         parse_config(base(ship={"senders": senders}))
     assert reason in str(exc.value) and "\n" not in str(exc.value)
     assert ".:" not in str(exc.value)
+
+
+def test_vrepl_node_refuses_a_wal_file_limit_below_one_record_header(tmp_path):
+    """docs/operations.md §Configuration: an out-of-range value stops the node at start with
+    exit code 2 and one line naming the key (the WAL used to refuse it only once opened:
+    a traceback, exit 1)."""
+    import subprocess
+
+    from vrepl.child import python_argv
+
+    conf = tmp_path / "node.toml"
+    conf.write_text('node_id = 1\ndata_dir = "d"\nsecret = "s"\n'
+                    '[[nodes]]\nid = 1\nreplication = "127.0.0.1:7001"\nhttp = "127.0.0.1:7101"\n'
+                    '[[vgroups]]\nid = 1\nreplicas = [1]\n[sync]\nmax_wal_file_bytes = 0\n')
+    p = subprocess.run(python_argv("-m", "vrepl.cli", "node", "--config", str(conf)),
+                       capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stderr.splitlines()) == (2, [
+        f"vrepl: error: {conf}: vgroup 1: max_wal_file_bytes must be >= 36 (one record header)"])
+    assert not (tmp_path / "d").exists()

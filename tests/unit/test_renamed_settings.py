@@ -99,6 +99,11 @@ def test_node_toml_old_names_are_mapped_with_a_warning():
      "max_send_queue_bytes (written send_queue_max_bytes) must be >= send_queue_high_bytes"),
     ({"vnode": {"memtable_max_rows": 5, "max_memtable_rows": 5}},
      "vnode.memtable_max_rows and vnode.max_memtable_rows are one setting"),
+    # the replication core checks these three under their old names: the line names the new one
+    ({"sync": {"max_record_bytes": 0}}, "vgroup 1: max_record_bytes must be >= 1"),
+    ({"sync": {"sync_cache_max_records": 0}},
+     "vgroup 1: max_sync_cache_records (written sync_cache_max_records) must be >= 1"),
+    ({"sync": {"max_sync_cache_bytes": 0}}, "vgroup 1: max_sync_cache_bytes must be >= 1"),
 ])
 def test_node_toml_errors_name_the_setting_as_written(over, message):
     with warnings.catch_warnings():

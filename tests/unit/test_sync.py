@@ -269,3 +269,42 @@ def test_epoch_history_after_truncation_across_rotated_files(tmp_path):
         w.truncate_after(0)
     assert read_records(d) == []
     assert epoch_history(d, 1 << 20) == ()
+
+
+def test_a_forward_refused_out_of_turn_leaves_the_pending_runs_latency(tmp_path):
+    """docs/embedding.md: a forward whose version is not the next one is confirmed FAILED at
+    once, ahead of an earlier forward still waiting; that earlier run is still measured by
+    `confirm_latency_s` when it is confirmed OK (the refusal used to take its entry)."""
+    from vrepl.sync import SyncObservers
+
+    (port,) = free_ports(1)
+    confirms: list[tuple[int, int, ConfirmStatus]] = []
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def confirmed(first: int, last: int, status: ConfirmStatus) -> None:
+        confirms.append((first, last, status))
+        if len(confirms) == 2:
+            done.set()
+
+    cfg = SyncConfig(vgroup_id=1, replicas=((1, f"127.0.0.1:{port}"),), self_index=0,
+                     data_path=str(tmp_path), secret=b"s" * 16)
+    inst = SyncInstance(cfg, SyncCallbacks(confirm_forward_range=confirmed),
+                        observers=SyncObservers(confirm_latency_s=latencies.append)).start()
+    try:
+        deadline = time.monotonic() + 10
+        while inst.roles()["role"] != "master":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        v = inst.roles()["last_version"]
+
+        def both() -> None:   # on the I/O thread: v + 1 cannot be durable before v + 5 is refused
+            inst.forward(v + 1, b"next")
+            inst.forward(v + 5, b"out of turn")
+
+        inst.loop.call_soon_threadsafe(both)
+        assert done.wait(10)
+        assert confirms == [(v + 5, v + 5, ConfirmStatus.FAILED), (v + 1, v + 1, ConfirmStatus.OK)]
+        assert len(latencies) == 1
+    finally:
+        inst.stop()

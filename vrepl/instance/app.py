@@ -129,7 +129,14 @@ class CallbackApp:
     def confirm_forward(self, first: int, last: int, status: ConfirmStatus) -> None:
         self.counters["confirmed_" + status.describe()] += last - first + 1
         times = self._confirm_times
-        if times and times[0][0] <= last:
+        if times and times[0][0] < first:
+            # A run refused out of turn (its version was not the next one: FAILED at once,
+            # while earlier runs still wait): only its own entry goes; the earlier runs keep
+            # theirs for their own confirmation.
+            kept = [entry for entry in times if not first <= entry[0] <= last]
+            times.clear()
+            times.extend(kept)
+        elif times and times[0][0] <= last:
             # Runs confirmed: one latency per run whose last record is now decided.
             observe = self.observers.confirm_latency_s if status == ConfirmStatus.OK else None
             now = _monotonic()

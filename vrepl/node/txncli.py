@@ -15,6 +15,7 @@ import json
 import time
 from typing import Any
 
+from vrepl.argparsing import host_port
 from vrepl.client import Client
 from vrepl.errors import BadRequestError, ClientError, CliError
 from vrepl.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_PEER
@@ -34,7 +35,7 @@ def add_parsers(sub: Any, access_options: Any, run: Any) -> None:
     tsub = t.add_subparsers(dest="txn_command", metavar="TXN_COMMAND")
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--node", required=True, metavar="HOST:PORT",
+        sp.add_argument("--node", required=True, type=host_port, metavar="HOST:PORT",
                         help="a node's HTTP address (list/show read that replica; abort goes to"
                         " the master, found from it)")
         sp.add_argument("--vgroup", type=int, default=1, metavar="N", help="vgroup id (default 1)")

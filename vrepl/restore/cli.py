@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from vrepl import wal as _wal
+from vrepl.argparsing import OneLineArgumentParser
 from vrepl.endpoint import parse_endpoint
 from vrepl.dirlock import lock_dir
 from vrepl.errors import (CliError, ConfigError, DirInUseError, FilesChanged, PeerError,
@@ -311,7 +312,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of `python -m vrepl.restore` (restore and replay, as in `vrepl`)."""
-    parser = argparse.ArgumentParser(prog="python -m vrepl.restore",
+    parser = OneLineArgumentParser(prog="python -m vrepl.restore",
                                      description="vrepl restore and replay (docs/restore.md §8)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log the restore's steps to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from vrepl.argparsing import host_port
 from vrepl.dirlock import DirInUseError, lock_dir
 from vrepl.endpoint import parse_endpoint
 from vrepl.errors import CliError, ConfigError
@@ -122,7 +123,9 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=run_ship)
 
     o = sub.add_parser("ship-owner", help="show, release or transfer the owner of a shipped table on a receiver")
-    o.add_argument("--node", required=True, metavar="HOST:PORT", help="the receiving node's HTTP address")
+    o.add_argument(
+        "--node", required=True, type=host_port, metavar="HOST:PORT", help="the receiving node's HTTP address"
+    )
     o.add_argument("--vgroup", type=int, default=1, metavar="N", help="vgroup id (default 1)")
     o.add_argument("table", nargs="?", help="the table (omit to list every owner)")
     act = o.add_mutually_exclusive_group()

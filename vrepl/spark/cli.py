@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from vrepl.argparsing import OneLineArgumentParser
 from vrepl.errors import InputError, SparkJobError
 from vrepl.exitcodes import EXIT_INTERRUPTED, EXIT_USAGE
 from vrepl.spark.model import parse_vgroup_arg
@@ -183,6 +184,6 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m vrepl.spark.validate ...` / `spark-submit submit.py ...`: the options of
     `vrepl validate`; under spark-submit the master is spark-submit's."""
-    parser = argparse.ArgumentParser(prog="vrepl.spark.validate", description=DESCRIPTION)
+    parser = OneLineArgumentParser(prog="vrepl.spark.validate", description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv))
