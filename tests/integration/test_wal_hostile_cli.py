@@ -163,3 +163,32 @@ def test_replay_to_a_version_before_the_corruption_rebuilds_the_good_prefix(tmp_
         assert v.archived_version == n
         assert [r["v"] for r in v.query("t", 0, 1 << 60)] == list(range(1, n + 1))
         v.close()
+
+
+def test_replay_refuses_corruption_in_a_sealed_file_before_writing_anything(tmp_path):
+    """A bad record in a sealed file whose index is intact (the index alone says the file is
+    fine): replay refuses it up front with the way out, and writes nothing (docs/restore.md §8)."""
+    d = tmp_path / "wal"
+    write_wal(d, 300, max_file_bytes=8192)
+    assert os.path.exists(d / wal.index_file_name(0)) and os.path.exists(d / wal.wal_file_name(2))
+    records = wal.read_records(str(d))  # records[i] is version i + 1
+    n0 = wal.inspect(str(d)).files[0].last_version
+    with open(d / wal.wal_file_name(1), "r+b") as fh:  # a payload byte of file 1's second record
+        first_len = wal.HEADER_SIZE + len(records[n0].payload)
+        fh.seek(first_len + wal.HEADER_SIZE + 2)
+        b = fh.read(1)
+        fh.seek(first_len + wal.HEADER_SIZE + 2)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    last_good = n0 + 1
+    for extra in ([], ["--to-version", str(last_good + 5)]):
+        data = tmp_path / f"all{len(extra)}"
+        out = vrepl("replay", "--wal", str(d), "--data", str(data), "--no-progress", *extra)
+        assert out.returncode == 1, out.stderr
+        line = one_error(out)
+        assert f"last good version {last_good}" in line
+        assert f"'vrepl replay --to-version {last_good}' rebuilds the good prefix" in line
+        assert not os.path.exists(data / "data"), "nothing is written before the refusal"
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "ok"), "--to-version", str(last_good),
+                "--no-progress")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.startswith(f"replayed v1..v{last_good} ({last_good} records)")

@@ -230,6 +230,10 @@ def run_replay(args: argparse.Namespace) -> int:
         try:
             state = _wal.inspect(args.wal)
             last_good, torn = state.last_version, state.torn_tail
+            # inspect() trusts a sealed file's index; every byte up to the last version to
+            # replay is verified before anything is written (a bad record in a sealed file
+            # is refused here, not found halfway through the replay).
+            _wal.inspect(args.wal, verify_all=True, through_version=args.to_version or last_good)
         except WalCorruptError as exc:
             last_good = exc.last_good_version
             if not args.to_version or args.to_version > last_good:

@@ -148,12 +148,15 @@ def _scan_file(wf: WalFile, start: int, expect: int, max_record: int, verify_pay
                 return None
 
 
-def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, verify_all: bool = False) -> WalState:
+def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, verify_all: bool = False,
+            through_version: int = 0) -> WalState:
     """Read a WAL directory's shape and the state of its last file.
 
     Sealed files are checked by their index (or a scan if it is missing or stale); with
-    verify_all every byte of every file is verified. Raises WalCorruptError for corruption;
-    a torn tail of the last file is returned in WalState.torn_tail, not raised.
+    verify_all every byte of every file is verified, and with through_version > 0 as well
+    only the files up to the one holding that version (later ones are not read; the state
+    then describes that prefix). Raises WalCorruptError for corruption; a torn tail of the
+    last file is returned in WalState.torn_tail, not raised.
     """
     state = WalState(directory, list_wal_files(directory))
     expect = 0  # next version expected; 0 = whatever the first record carries
@@ -184,6 +187,8 @@ def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, ve
             wf.last_version = int(scan.versions[-1])
             expect = wf.last_version + 1
             epoch_of_last = int(scan.epochs[-1])
+        if verify_all and through_version and wf.last_version >= through_version:
+            break  # `vrepl replay --to-version N` reads nothing after N (docs/restore.md §8)
     state.last_epoch = epoch_of_last or _last_epoch_of(state)
     return state
 
