@@ -192,3 +192,14 @@ def test_replay_refuses_corruption_in_a_sealed_file_before_writing_anything(tmp_
                 "--no-progress")
     assert out.returncode == 0 and out.stderr == "", out.stderr
     assert out.stdout.startswith(f"replayed v1..v{last_good} ({last_good} records)")
+
+
+@pytest.mark.parametrize("flush_rows", ["0", "-5"])
+def test_replay_refuses_flush_rows_below_one(tmp_path, flush_rows):
+    d = tmp_path / "wal"
+    write_wal(d, 3)
+    data = tmp_path / "data"
+    out = vrepl("replay", "--wal", str(d), "--data", str(data), "--flush-rows", flush_rows, "--no-progress")
+    assert out.returncode == 2, out.stderr
+    assert f"--flush-rows must be >= 1, got {flush_rows}" in one_error(out)
+    assert not os.path.exists(data / "data")
