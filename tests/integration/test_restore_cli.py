@@ -111,6 +111,22 @@ def test_restore_cli_fails_with_one_line_and_exit_codes(tmp_path, monkeypatch, c
     assert len(err) == 1 and "cannot connect" in err[0]
 
 
+@pytest.mark.parametrize("timeout", ["0", "-1"])
+def test_restore_timeout_not_above_zero_is_a_usage_error(tmp_path, timeout):
+    """`--timeout 0` made a non-blocking socket ('Operation now in progress', exit 4) and a
+    negative one a traceback: both are usage errors, one line, exit 2, before connecting."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        out = subprocess.run([sys.executable, "-m", "vrepl.cli", "restore", "--from",
+                              f"127.0.0.1:{listener.getsockname()[1]}", "--vgroup", "1", "--data",
+                              str(tmp_path / "d"), "--timeout", timeout, "--no-progress"],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                             env={**os.environ, "VREPL_SECRET": "x"})
+    assert out.returncode == EXIT_USAGE, out.stderr
+    assert out.stderr.splitlines() == [f"vrepl: error: --timeout must be > 0, got {timeout}"]
+
+
 def test_restore_cli_wrong_secret_is_refused(group, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VREPL_SECRET", "not the secret")
     args = parse(["restore", "--from", f"127.0.0.1:{group.cfg.me.port}", "--vgroup", str(group.cfg.vgroup_id),

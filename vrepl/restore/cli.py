@@ -142,6 +142,8 @@ def run_restore(args: argparse.Namespace) -> int:
             raise CliError(str(exc), EXIT_USAGE) from None
         if args.retries < 0:
             raise CliError(f"--retries must be >= 0, got {args.retries}", EXIT_USAGE)
+        if not args.timeout > 0:  # a socket timeout of 0 is non-blocking, a negative one a ValueError
+            raise CliError(f"--timeout must be > 0, got {args.timeout:g}", EXIT_USAGE)
         secret = _read_secret(args)
         data = os.path.abspath(args.data)
         if os.path.exists(data) and not os.path.isdir(data):
