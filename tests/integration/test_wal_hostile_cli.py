@@ -203,3 +203,28 @@ def test_replay_refuses_flush_rows_below_one(tmp_path, flush_rows):
     assert out.returncode == 2, out.stderr
     assert f"--flush-rows must be >= 1, got {flush_rows}" in one_error(out)
     assert not os.path.exists(data / "data")
+
+
+@pytest.mark.parametrize("across_files", [False, True])
+def test_an_epoch_going_back_is_corruption(tmp_path, across_files):
+    """docs/wal-format.md: epochs never decrease; verify and repair report a record whose epoch
+    is below the one before it as corruption (exit 1, file, offset, last good version), and
+    replay refuses it."""
+    d = tmp_path / "wal"
+    with wal.WalWriter(str(d), wal.WalOptions(durability="none")) as w:
+        for v in range(1, 6):
+            w.append(encode_rows([["t", 1000 + v, {"v": v}]]), epoch=2)
+    # Record 6 with epoch 1, appended as raw bytes (the writer itself never goes back).
+    blob = wal._rec.encode_record(1, 6, 1, encode_rows([["t", 1006, {"v": 6}]]))
+    name = wal.wal_file_name(1 if across_files else 0)
+    offset = 0 if across_files else os.path.getsize(d / wal.wal_file_name(0))
+    with open(d / name, "ab") as fh:
+        fh.write(blob)
+    for command in (["wal", "verify", str(d)], ["wal", "repair", str(d)]):
+        out = vrepl(*command)
+        assert out.returncode == 1, out.stderr
+        line = one_error(out)
+        assert f"{name}: corrupt at offset {offset}: epoch goes back: version 6 has epoch 1 after epoch 2" in line
+        assert "(last good version 5)" in line
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--no-progress")
+    assert out.returncode == 1 and "'vrepl replay --to-version 5' rebuilds the good prefix" in one_error(out)
