@@ -127,6 +127,46 @@ def test_restore_timeout_not_above_zero_is_a_usage_error(tmp_path, timeout):
     assert out.stderr.splitlines() == [f"vrepl: error: --timeout must be > 0, got {timeout}"]
 
 
+def test_a_source_that_keeps_changing_exits_7(group, tmp_path):
+    """The sender's files change during every files phase (a thread touches them: the
+    sender's inotify watch sees ATTRIB): each attempt is reported and resumed, and when the
+    retries run out the tool exits 7, 'the source kept changing' (docs/restore.md §8), not 4
+    (the peer broke off): the sender's ERROR says so with code 1 (§2)."""
+    app = group
+    last = 0
+    for k in range(0, 3000, 300):
+        last = app.write(rows_for(k, 300, pad=64))
+    app.wait_confirmed(last)
+    app.flush()
+    files = [os.path.join(d, f) for d, _dirs, names in os.walk(os.path.join(app.cfg.data_path, "data"))
+             for f in names]
+    assert files
+    stop = threading.Event()
+
+    def touch() -> None:
+        while not stop.is_set():
+            for f in files:
+                os.utime(f)
+
+    toucher = threading.Thread(target=touch)
+    toucher.start()
+    try:
+        out = subprocess.run([sys.executable, "-m", "vrepl.cli", "restore", "--from", f"127.0.0.1:{app.cfg.me.port}",
+                              "--vgroup", str(app.cfg.vgroup_id), "--data", str(tmp_path / "copy"), "--retries", "1",
+                              "--no-progress"], capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL, env={**os.environ, "VREPL_SECRET": SECRET.decode()})
+    finally:
+        stop.set()
+        toucher.join()
+    assert out.returncode == 7, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2, out.stderr
+    assert lines[0].startswith("vrepl: restore attempt 1 stopped: the source changed: ") and lines[0].endswith("; resuming")
+    assert "changed on the source during the restore" in lines[0]
+    assert lines[1].startswith("vrepl: error: the source kept changing (2 attempts): the source changed: ")
+    assert not os.path.exists(tmp_path / "copy" / "data" / "manifest.json"), "nothing swapped in"
+
+
 def test_restore_cli_wrong_secret_is_refused(group, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VREPL_SECRET", "not the secret")
     args = parse(["restore", "--from", f"127.0.0.1:{group.cfg.me.port}", "--vgroup", str(group.cfg.vgroup_id),

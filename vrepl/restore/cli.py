@@ -125,7 +125,7 @@ def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes,
         try:
             receiver.run(stream)
         except Exception as exc:
-            if not isinstance(exc, PeerError):
+            if not isinstance(exc, (PeerError, FilesChanged)):  # both came from the peer: it has stopped
                 stream.send_error(str(exc))
             raise
         return receiver
