@@ -228,3 +228,13 @@ def test_an_epoch_going_back_is_corruption(tmp_path, across_files):
         assert "(last good version 5)" in line
     out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--no-progress")
     assert out.returncode == 1 and "'vrepl replay --to-version 5' rebuilds the good prefix" in one_error(out)
+
+
+def test_replay_into_a_data_path_that_is_a_file_is_a_usage_error(tmp_path):
+    d = tmp_path / "wal"
+    write_wal(d, 3)
+    (tmp_path / "afile").write_text("x")
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "afile"), "--no-progress")
+    assert out.returncode == 2, out.stderr
+    assert one_error(out) == f"vrepl: error: {tmp_path / 'afile'}: not a directory"
+    assert (tmp_path / "afile").read_text() == "x"

@@ -227,6 +227,8 @@ def run_replay(args: argparse.Namespace) -> int:
             raise CliError("--to-version must be >= 0", EXIT_USAGE)
         if args.flush_rows < 1:
             raise CliError(f"--flush-rows must be >= 1, got {args.flush_rows}", EXIT_USAGE)
+        if os.path.exists(args.data) and not os.path.isdir(args.data):
+            raise CliError(f"{args.data}: not a directory", EXIT_USAGE)
         lock = _lock_data(args.data, "vrepl replay")
         # docs/restore.md §8: a torn last record (a crash mid-write) is left out with a
         # warning; other corruption is refused unless --to-version stops before it.
