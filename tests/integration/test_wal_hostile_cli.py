@@ -238,3 +238,14 @@ def test_replay_into_a_data_path_that_is_a_file_is_a_usage_error(tmp_path):
     assert out.returncode == 2, out.stderr
     assert one_error(out) == f"vrepl: error: {tmp_path / 'afile'}: not a directory"
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_replay_of_a_directory_without_wal_files_is_a_usage_error(tmp_path):
+    """`--wal` naming the vgroup's directory instead of its wal/: refused as `wal verify` does,
+    not 'replayed 0 records'."""
+    d = tmp_path / "vg1"
+    (d / "data").mkdir(parents=True)
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--no-progress")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert one_error(out) == f"vrepl: error: {d}: no WAL file found (no NNNNNNNNNNNN.wal)"
+    assert out.stdout == "" and not os.path.exists(tmp_path / "data" / "data")

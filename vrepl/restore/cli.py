@@ -235,6 +235,8 @@ def run_replay(args: argparse.Namespace) -> int:
         torn = None
         try:
             state = _wal.inspect(args.wal)
+            if not state.files:  # most likely the wrong directory (the vgroup's, not its wal/)
+                raise CliError(f"{args.wal}: no WAL file found (no NNNNNNNNNNNN.wal)", EXIT_USAGE)
             last_good, torn = state.last_version, state.torn_tail
             # inspect() trusts a sealed file's index; every byte up to the last version to
             # replay is verified before anything is written (a bad record in a sealed file
