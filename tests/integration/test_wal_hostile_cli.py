@@ -249,3 +249,23 @@ def test_replay_of_a_directory_without_wal_files_is_a_usage_error(tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     assert one_error(out) == f"vrepl: error: {d}: no WAL file found (no NNNNNNNNNNNN.wal)"
     assert out.stdout == "" and not os.path.exists(tmp_path / "data" / "data")
+
+
+def test_replay_to_a_version_before_a_recycled_wal_begins_names_the_gap(tmp_path):
+    """A WAL that starts at v4 (v1..v3 recycled) replayed into an empty directory with
+    --to-version 2: the gap is named (exit 1), not 'the WAL ended early'."""
+    d = tmp_path / "wal"
+    write_wal(d, 6, max_file_bytes=200)
+    assert wal.inspect(str(d)).files[0].last_version < 4
+    for f in wal.inspect(str(d)).files:
+        if f.last_version < 4:
+            os.remove(f.path)
+            idx = d / wal.index_file_name(f.index)
+            if idx.exists():
+                idx.unlink()
+    first = wal.inspect(str(d)).files[0].first_version
+    assert first > 2
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--to-version", "2", "--no-progress")
+    assert out.returncode == 1, out.stderr
+    assert one_error(out).endswith(f"the WAL resumes at v{first} but {tmp_path / 'data'} holds versions up to v0:"
+                                   f" v1..v{first - 1} are missing")

@@ -273,12 +273,12 @@ def run_replay(args: argparse.Namespace) -> int:
             reader = _wal.WalReader(args.wal, vnode.config.max_payload_bytes)
             first = True
             for rec in reader.iter_records(start) if end >= start else ():
-                if rec.version > end:
-                    break
-                if first and rec.version != start:
+                if first and rec.version != start:  # a gap, also when it begins after `end`
                     raise CliError(f"{args.wal}: the WAL resumes at v{rec.version} but {args.data} holds versions"
                                 f" up to v{start - 1}: v{start}..v{rec.version - 1} are missing", EXIT_FAILED)
                 first = False
+                if rec.version > end:
+                    break
                 vnode.write_to_cache(rec.version, rec.epoch, rec.payload, rec.msg_type)
                 applied += 1
                 last_applied = rec.version
