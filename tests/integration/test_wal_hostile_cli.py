@@ -269,3 +269,13 @@ def test_replay_to_a_version_before_a_recycled_wal_begins_names_the_gap(tmp_path
     assert out.returncode == 1, out.stderr
     assert one_error(out).endswith(f"the WAL resumes at v{first} but {tmp_path / 'data'} holds versions up to v0:"
                                    f" v1..v{first - 1} are missing")
+
+
+def test_replay_cannot_go_back_below_the_archived_version(tmp_path):
+    d = tmp_path / "wal"
+    write_wal(d, 6)
+    data = tmp_path / "data"
+    assert vrepl("replay", "--wal", str(d), "--data", str(data), "--no-progress").returncode == 0
+    out = vrepl("replay", "--wal", str(d), "--data", str(data), "--to-version", "3", "--no-progress")
+    assert out.returncode == 2, out.stderr
+    assert one_error(out).startswith(f"vrepl: error: {data} already holds v6, beyond v3: replay cannot go back")
