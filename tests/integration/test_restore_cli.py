@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -165,6 +166,25 @@ def test_a_source_that_keeps_changing_exits_7(group, tmp_path):
     assert "changed on the source during the restore" in lines[0]
     assert lines[1].startswith("vrepl: error: the source kept changing (2 attempts): the source changed: ")
     assert not os.path.exists(tmp_path / "copy" / "data" / "manifest.json"), "nothing swapped in"
+
+
+def test_restore_progress_counts_files_as_files_and_bytes_as_bytes(group, tmp_path):
+    """The progress bar (docs/restore.md §8: files and bytes): the files task shows M/N, not
+    'M/N bytes' (it used the bytes column for the file count)."""
+    app = group
+    app.wait_confirmed(app.write(rows_for(0, 300)))
+    app.flush()
+    out = subprocess.run([sys.executable, "-m", "vrepl.cli", "restore", "--from", f"127.0.0.1:{app.cfg.me.port}",
+                          "--vgroup", str(app.cfg.vgroup_id), "--data", str(tmp_path / "copy")],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "VREPL_SECRET": SECRET.decode(), "VREPL_FORCE_PROGRESS": "1",
+                              "COLUMNS": "120", "NO_COLOR": "1"})
+    assert out.returncode == EXIT_OK, out.stderr
+    lines = [ln.strip() for ln in out.stderr.replace("\r", "\n").splitlines()]
+    files = [ln for ln in lines if ln.startswith("files ")]
+    assert files and all("bytes" not in ln and "B/s" not in ln for ln in files), files
+    assert re.search(r"^files (\d+)/\1 .* \1/\1\b", files[-1]), files[-1]
+    assert any(ln.startswith("file bytes ") for ln in lines), lines
 
 
 def test_restore_cli_wrong_secret_is_refused(group, tmp_path, monkeypatch, capsys):

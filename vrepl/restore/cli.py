@@ -86,10 +86,25 @@ def _progress(enabled: bool, counts: bool = False):
     if not enabled or (not sys.stderr.isatty() and not os.environ.get("VREPL_FORCE_PROGRESS")):
         return None
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-    amount = MofNCompleteColumn() if counts else DownloadColumn()
-    speed = TextColumn("") if counts else TransferSpeedColumn()
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn,
+                               TextColumn, TimeRemainingColumn, TransferSpeedColumn)
+
+    class Amount(ProgressColumn):
+        """M/N for a task added with `count=True` (the restore's files), bytes otherwise."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.of_count, self.of_bytes = MofNCompleteColumn(), DownloadColumn()
+
+        def render(self, task: Any) -> Any:
+            return (self.of_count if task.fields.get("count") else self.of_bytes).render(task)
+
+    class Speed(TransferSpeedColumn):
+        def render(self, task: Any) -> Any:
+            return "" if task.fields.get("count") else super().render(task)
+
+    amount = MofNCompleteColumn() if counts else Amount()
+    speed = TextColumn("") if counts else Speed()
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), amount, speed, TimeRemainingColumn(),
                     console=Console(stderr=True), transient=False)
 
@@ -164,7 +179,7 @@ def run_restore(args: argparse.Namespace) -> int:
                 if bar is None:
                     return
                 if kind == "total_files":
-                    tasks["files"] = bar.add_task(f"files 0/{n}", total=n)
+                    tasks["files"] = bar.add_task(f"files 0/{n}", total=n, count=True)
                     tasks["nfiles"], tasks["done"] = n, 0
                 elif kind == "total_bytes":
                     tasks["bytes"] = bar.add_task("file bytes", total=n)
