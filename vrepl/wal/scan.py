@@ -163,13 +163,17 @@ def _check_epochs(wf: WalFile, pos: int, scan, prev_epoch: int) -> None:
         i = int(back[0]) + 1
         before = int(epochs[i - 1])
     version = int(scan.versions[i])
-    raise WalCorruptError(wf.path, pos + int(scan.offsets[i]),
-                          f"epoch goes back: version {version} has epoch {int(epochs[i])} after epoch {before}",
-                          version - 1)
+    raise WalCorruptError(
+        wf.path,
+        pos + int(scan.offsets[i]),
+        f"epoch goes back: version {version} has epoch {int(epochs[i])} after epoch {before}",
+        version - 1,
+    )
 
 
-def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, verify_all: bool = False,
-            through_version: int = 0) -> WalState:
+def inspect(
+    directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, verify_all: bool = False, through_version: int = 0
+) -> WalState:
     """Read a WAL directory's shape and the state of its last file.
 
     Sealed files are checked by their index (or a scan if it is missing or stale); with
