@@ -76,13 +76,17 @@ def test_a_symlink_named_like_a_wal_file_is_refused(tmp_path):
     assert "not a regular file (a symlink); refused" in one_error(out)
 
 
-def test_wal_verify_of_a_directory_without_wal_files_is_an_error(tmp_path):
+@pytest.mark.parametrize("command", ["verify", "repair"])
+def test_wal_verify_of_a_directory_without_wal_files_is_an_error(tmp_path, command):
+    """Nothing to verify (or repair) is most likely the wrong directory: exit 2, not 'clean' or
+    'nothing to repair'."""
     d = tmp_path / "empty"
     d.mkdir()
     (d / "notes.txt").write_text("not a WAL")
-    out = vrepl("wal", "verify", str(d))
+    out = vrepl("wal", command, str(d))
     assert out.returncode == 2
     assert one_error(out) == f"vrepl: error: {d}: no WAL file found (no NNNNNNNNNNNN.wal)"
+    assert out.stdout == ""
     assert out.stdout == ""
     write_wal(d, 2)
     out = vrepl("wal", "verify", str(d))
