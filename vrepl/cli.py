@@ -82,14 +82,21 @@ def cmd_wal_dump(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_wal_verify(args: argparse.Namespace) -> int:
+def _verify_wal_dir(args: argparse.Namespace):
+    """`wal verify`'s and `wal repair`'s first step: every byte of every file (corruption
+    raises, exit 1); a directory without any WAL file is refused, exit 2."""
     from vrepl import wal
 
     state = wal.verify(_require_dir(args.dir), args.max_record_bytes)
-    files = len(state.files)
-    if not files:
+    if not state.files:
         # Nothing was verified: most likely the wrong directory (docs/wal-format.md).
         raise CliError(f"{args.dir}: no WAL file found (no NNNNNNNNNNNN.wal)", EXIT_USAGE)
+    return state
+
+
+def cmd_wal_verify(args: argparse.Namespace) -> int:
+    state = _verify_wal_dir(args)
+    files = len(state.files)
     if state.torn_tail is not None:
         t = state.torn_tail
         print(f"{t.describe()}; repairable with 'vrepl wal repair {args.dir}'", file=sys.stderr)
@@ -102,12 +109,11 @@ def cmd_wal_verify(args: argparse.Namespace) -> int:
 def cmd_wal_repair(args: argparse.Namespace) -> int:
     from vrepl import wal
 
-    directory = _require_dir(args.dir)
     # Every byte first: corruption anywhere (a sealed file too, which repair()'s quick
     # inspection takes from its index) is raised, exit 1, and nothing is cut
     # (docs/wal-format.md: repair refuses to touch it, never skips it silently).
-    wal.verify(directory, args.max_record_bytes)
-    tail = wal.repair(directory, args.max_record_bytes)
+    _verify_wal_dir(args)
+    tail = wal.repair(args.dir, args.max_record_bytes)
     if tail is None:
         print(f"{args.dir}: nothing to repair (no torn tail)")
     else:

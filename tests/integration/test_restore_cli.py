@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -109,6 +110,81 @@ def test_restore_cli_fails_with_one_line_and_exit_codes(tmp_path, monkeypatch, c
     assert run_restore(args) == EXIT_PEER
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot connect" in err[0]
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1"])
+def test_restore_timeout_not_above_zero_is_a_usage_error(tmp_path, timeout):
+    """`--timeout 0` made a non-blocking socket ('Operation now in progress', exit 4) and a
+    negative one a traceback: both are usage errors, one line, exit 2, before connecting."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        out = subprocess.run([sys.executable, "-m", "vrepl.cli", "restore", "--from",
+                              f"127.0.0.1:{listener.getsockname()[1]}", "--vgroup", "1", "--data",
+                              str(tmp_path / "d"), "--timeout", timeout, "--no-progress"],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                             env={**os.environ, "VREPL_SECRET": "x"})
+    assert out.returncode == EXIT_USAGE, out.stderr
+    assert out.stderr.splitlines() == [f"vrepl: error: --timeout must be > 0, got {timeout}"]
+
+
+def test_a_source_that_keeps_changing_exits_7(group, tmp_path):
+    """The sender's files change during every files phase (a thread touches them: the
+    sender's inotify watch sees ATTRIB): each attempt is reported and resumed, and when the
+    retries run out the tool exits 7, 'the source kept changing' (docs/restore.md §8), not 4
+    (the peer broke off): the sender's ERROR says so with code 1 (§2)."""
+    app = group
+    last = 0
+    for k in range(0, 3000, 300):
+        last = app.write(rows_for(k, 300, pad=64))
+    app.wait_confirmed(last)
+    app.flush()
+    files = [os.path.join(d, f) for d, _dirs, names in os.walk(os.path.join(app.cfg.data_path, "data"))
+             for f in names]
+    assert files
+    stop = threading.Event()
+
+    def touch() -> None:
+        while not stop.is_set():
+            for f in files:
+                os.utime(f)
+
+    toucher = threading.Thread(target=touch)
+    toucher.start()
+    try:
+        out = subprocess.run([sys.executable, "-m", "vrepl.cli", "restore", "--from", f"127.0.0.1:{app.cfg.me.port}",
+                              "--vgroup", str(app.cfg.vgroup_id), "--data", str(tmp_path / "copy"), "--retries", "1",
+                              "--no-progress"], capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL, env={**os.environ, "VREPL_SECRET": SECRET.decode()})
+    finally:
+        stop.set()
+        toucher.join()
+    assert out.returncode == 7, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2, out.stderr
+    assert lines[0].startswith("vrepl: restore attempt 1 stopped: the source changed: ") and lines[0].endswith("; resuming")
+    assert "changed on the source during the restore" in lines[0]
+    assert lines[1].startswith("vrepl: error: the source kept changing (2 attempts): the source changed: ")
+    assert not os.path.exists(tmp_path / "copy" / "data" / "manifest.json"), "nothing swapped in"
+
+
+def test_restore_progress_counts_files_as_files_and_bytes_as_bytes(group, tmp_path):
+    """The progress bar (docs/restore.md §8: files and bytes): the files task shows M/N, not
+    'M/N bytes' (it used the bytes column for the file count)."""
+    app = group
+    app.wait_confirmed(app.write(rows_for(0, 300)))
+    app.flush()
+    out = subprocess.run([sys.executable, "-m", "vrepl.cli", "restore", "--from", f"127.0.0.1:{app.cfg.me.port}",
+                          "--vgroup", str(app.cfg.vgroup_id), "--data", str(tmp_path / "copy")],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "VREPL_SECRET": SECRET.decode(), "VREPL_FORCE_PROGRESS": "1",
+                              "COLUMNS": "120", "NO_COLOR": "1"})
+    assert out.returncode == EXIT_OK, out.stderr
+    lines = [ln.strip() for ln in out.stderr.replace("\r", "\n").splitlines()]
+    files = [ln for ln in lines if ln.startswith("files ")]
+    assert files and all("bytes" not in ln and "B/s" not in ln for ln in files), files
+    assert re.search(r"^files (\d+)/\1 .* \1/\1\b", files[-1]), files[-1]
+    assert any(ln.startswith("file bytes ") for ln in lines), lines
 
 
 def test_restore_cli_wrong_secret_is_refused(group, tmp_path, monkeypatch, capsys):

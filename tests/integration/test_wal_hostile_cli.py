@@ -76,13 +76,17 @@ def test_a_symlink_named_like_a_wal_file_is_refused(tmp_path):
     assert "not a regular file (a symlink); refused" in one_error(out)
 
 
-def test_wal_verify_of_a_directory_without_wal_files_is_an_error(tmp_path):
+@pytest.mark.parametrize("command", ["verify", "repair"])
+def test_wal_verify_of_a_directory_without_wal_files_is_an_error(tmp_path, command):
+    """Nothing to verify (or repair) is most likely the wrong directory: exit 2, not 'clean' or
+    'nothing to repair'."""
     d = tmp_path / "empty"
     d.mkdir()
     (d / "notes.txt").write_text("not a WAL")
-    out = vrepl("wal", "verify", str(d))
+    out = vrepl("wal", command, str(d))
     assert out.returncode == 2
     assert one_error(out) == f"vrepl: error: {d}: no WAL file found (no NNNNNNNNNNNN.wal)"
+    assert out.stdout == ""
     assert out.stdout == ""
     write_wal(d, 2)
     out = vrepl("wal", "verify", str(d))
@@ -163,3 +167,119 @@ def test_replay_to_a_version_before_the_corruption_rebuilds_the_good_prefix(tmp_
         assert v.archived_version == n
         assert [r["v"] for r in v.query("t", 0, 1 << 60)] == list(range(1, n + 1))
         v.close()
+
+
+def test_replay_refuses_corruption_in_a_sealed_file_before_writing_anything(tmp_path):
+    """A bad record in a sealed file whose index is intact (the index alone says the file is
+    fine): replay refuses it up front with the way out, and writes nothing (docs/restore.md §8)."""
+    d = tmp_path / "wal"
+    write_wal(d, 300, max_file_bytes=8192)
+    assert os.path.exists(d / wal.index_file_name(0)) and os.path.exists(d / wal.wal_file_name(2))
+    records = wal.read_records(str(d))  # records[i] is version i + 1
+    n0 = wal.inspect(str(d)).files[0].last_version
+    with open(d / wal.wal_file_name(1), "r+b") as fh:  # a payload byte of file 1's second record
+        first_len = wal.HEADER_SIZE + len(records[n0].payload)
+        fh.seek(first_len + wal.HEADER_SIZE + 2)
+        b = fh.read(1)
+        fh.seek(first_len + wal.HEADER_SIZE + 2)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    last_good = n0 + 1
+    for extra in ([], ["--to-version", str(last_good + 5)]):
+        data = tmp_path / f"all{len(extra)}"
+        out = vrepl("replay", "--wal", str(d), "--data", str(data), "--no-progress", *extra)
+        assert out.returncode == 1, out.stderr
+        line = one_error(out)
+        assert f"last good version {last_good}" in line
+        assert f"'vrepl replay --to-version {last_good}' rebuilds the good prefix" in line
+        assert not os.path.exists(data / "data"), "nothing is written before the refusal"
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "ok"), "--to-version", str(last_good),
+                "--no-progress")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.startswith(f"replayed v1..v{last_good} ({last_good} records)")
+
+
+@pytest.mark.parametrize("flush_rows", ["0", "-5"])
+def test_replay_refuses_flush_rows_below_one(tmp_path, flush_rows):
+    d = tmp_path / "wal"
+    write_wal(d, 3)
+    data = tmp_path / "data"
+    out = vrepl("replay", "--wal", str(d), "--data", str(data), "--flush-rows", flush_rows, "--no-progress")
+    assert out.returncode == 2, out.stderr
+    assert f"--flush-rows must be >= 1, got {flush_rows}" in one_error(out)
+    assert not os.path.exists(data / "data")
+
+
+@pytest.mark.parametrize("across_files", [False, True])
+def test_an_epoch_going_back_is_corruption(tmp_path, across_files):
+    """docs/wal-format.md: epochs never decrease; verify and repair report a record whose epoch
+    is below the one before it as corruption (exit 1, file, offset, last good version), and
+    replay refuses it."""
+    d = tmp_path / "wal"
+    with wal.WalWriter(str(d), wal.WalOptions(durability="none")) as w:
+        for v in range(1, 6):
+            w.append(encode_rows([["t", 1000 + v, {"v": v}]]), epoch=2)
+    # Record 6 with epoch 1, appended as raw bytes (the writer itself never goes back).
+    blob = wal._rec.encode_record(1, 6, 1, encode_rows([["t", 1006, {"v": 6}]]))
+    name = wal.wal_file_name(1 if across_files else 0)
+    offset = 0 if across_files else os.path.getsize(d / wal.wal_file_name(0))
+    with open(d / name, "ab") as fh:
+        fh.write(blob)
+    for command in (["wal", "verify", str(d)], ["wal", "repair", str(d)]):
+        out = vrepl(*command)
+        assert out.returncode == 1, out.stderr
+        line = one_error(out)
+        assert f"{name}: corrupt at offset {offset}: epoch goes back: version 6 has epoch 1 after epoch 2" in line
+        assert "(last good version 5)" in line
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--no-progress")
+    assert out.returncode == 1 and "'vrepl replay --to-version 5' rebuilds the good prefix" in one_error(out)
+
+
+def test_replay_into_a_data_path_that_is_a_file_is_a_usage_error(tmp_path):
+    d = tmp_path / "wal"
+    write_wal(d, 3)
+    (tmp_path / "afile").write_text("x")
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "afile"), "--no-progress")
+    assert out.returncode == 2, out.stderr
+    assert one_error(out) == f"vrepl: error: {tmp_path / 'afile'}: not a directory"
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_replay_of_a_directory_without_wal_files_is_a_usage_error(tmp_path):
+    """`--wal` naming the vgroup's directory instead of its wal/: refused as `wal verify` does,
+    not 'replayed 0 records'."""
+    d = tmp_path / "vg1"
+    (d / "data").mkdir(parents=True)
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--no-progress")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert one_error(out) == f"vrepl: error: {d}: no WAL file found (no NNNNNNNNNNNN.wal)"
+    assert out.stdout == "" and not os.path.exists(tmp_path / "data" / "data")
+
+
+def test_replay_to_a_version_before_a_recycled_wal_begins_names_the_gap(tmp_path):
+    """A WAL that starts at v4 (v1..v3 recycled) replayed into an empty directory with
+    --to-version 2: the gap is named (exit 1), not 'the WAL ended early'."""
+    d = tmp_path / "wal"
+    write_wal(d, 6, max_file_bytes=200)
+    assert wal.inspect(str(d)).files[0].last_version < 4
+    for f in wal.inspect(str(d)).files:
+        if f.last_version < 4:
+            os.remove(f.path)
+            idx = d / wal.index_file_name(f.index)
+            if idx.exists():
+                idx.unlink()
+    first = wal.inspect(str(d)).files[0].first_version
+    assert first > 2
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--to-version", "2", "--no-progress")
+    assert out.returncode == 1, out.stderr
+    assert one_error(out).endswith(f"the WAL resumes at v{first} but {tmp_path / 'data'} holds versions up to v0:"
+                                   f" v1..v{first - 1} are missing")
+
+
+def test_replay_cannot_go_back_below_the_archived_version(tmp_path):
+    d = tmp_path / "wal"
+    write_wal(d, 6)
+    data = tmp_path / "data"
+    assert vrepl("replay", "--wal", str(d), "--data", str(data), "--no-progress").returncode == 0
+    out = vrepl("replay", "--wal", str(d), "--data", str(data), "--to-version", "3", "--no-progress")
+    assert out.returncode == 2, out.stderr
+    assert one_error(out).startswith(f"vrepl: error: {data} already holds v6, beyond v3: replay cannot go back")

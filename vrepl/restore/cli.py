@@ -87,10 +87,25 @@ def _progress(enabled: bool, counts: bool = False):
     if not enabled or (not sys.stderr.isatty() and not os.environ.get("VREPL_FORCE_PROGRESS")):
         return None
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-    amount = MofNCompleteColumn() if counts else DownloadColumn()
-    speed = TextColumn("") if counts else TransferSpeedColumn()
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn,
+                               TextColumn, TimeRemainingColumn, TransferSpeedColumn)
+
+    class Amount(ProgressColumn):
+        """M/N for a task added with `count=True` (the restore's files), bytes otherwise."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.of_count, self.of_bytes = MofNCompleteColumn(), DownloadColumn()
+
+        def render(self, task: Any) -> Any:
+            return (self.of_count if task.fields.get("count") else self.of_bytes).render(task)
+
+    class Speed(TransferSpeedColumn):
+        def render(self, task: Any) -> Any:
+            return "" if task.fields.get("count") else super().render(task)
+
+    amount = MofNCompleteColumn() if counts else Amount()
+    speed = TextColumn("") if counts else Speed()
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), amount, speed, TimeRemainingColumn(),
                     console=Console(stderr=True), transient=False)
 
@@ -126,7 +141,7 @@ def restore_once(host: str, port: int, *, vgroup: int, data: str, secret: bytes,
         try:
             receiver.run(stream)
         except Exception as exc:
-            if not isinstance(exc, PeerError):
+            if not isinstance(exc, (PeerError, FilesChanged)):  # both came from the peer: it has stopped
                 stream.send_error(str(exc))
             raise
         return receiver
@@ -143,6 +158,8 @@ def run_restore(args: argparse.Namespace) -> int:
             raise CliError(str(exc), EXIT_USAGE) from None
         if args.retries < 0:
             raise CliError(f"--retries must be >= 0, got {args.retries}", EXIT_USAGE)
+        if not args.timeout > 0:  # a socket timeout of 0 is non-blocking, a negative one a ValueError
+            raise CliError(f"--timeout must be > 0, got {args.timeout:g}", EXIT_USAGE)
         secret = _read_secret(args)
         data = os.path.abspath(args.data)
         if os.path.exists(data) and not os.path.isdir(data):
@@ -163,7 +180,7 @@ def run_restore(args: argparse.Namespace) -> int:
                 if bar is None:
                     return
                 if kind == "total_files":
-                    tasks["files"] = bar.add_task(f"files 0/{n}", total=n)
+                    tasks["files"] = bar.add_task(f"files 0/{n}", total=n, count=True)
                     tasks["nfiles"], tasks["done"] = n, 0
                 elif kind == "total_bytes":
                     tasks["bytes"] = bar.add_task("file bytes", total=n)
@@ -224,13 +241,23 @@ def run_replay(args: argparse.Namespace) -> int:
             raise CliError(f"{args.wal}: no such WAL directory", EXIT_USAGE)
         if args.to_version < 0:
             raise CliError("--to-version must be >= 0", EXIT_USAGE)
+        if args.flush_rows < 1:
+            raise CliError(f"--flush-rows must be >= 1, got {args.flush_rows}", EXIT_USAGE)
+        if os.path.exists(args.data) and not os.path.isdir(args.data):
+            raise CliError(f"{args.data}: not a directory", EXIT_USAGE)
         lock = _lock_data(args.data, "vrepl replay")
         # docs/restore.md §8: a torn last record (a crash mid-write) is left out with a
         # warning; other corruption is refused unless --to-version stops before it.
         torn = None
         try:
             state = _wal.inspect(args.wal)
+            if not state.files:  # most likely the wrong directory (the vgroup's, not its wal/)
+                raise CliError(f"{args.wal}: no WAL file found (no NNNNNNNNNNNN.wal)", EXIT_USAGE)
             last_good, torn = state.last_version, state.torn_tail
+            # inspect() trusts a sealed file's index; every byte up to the last version to
+            # replay is verified before anything is written (a bad record in a sealed file
+            # is refused here, not found halfway through the replay).
+            _wal.inspect(args.wal, verify_all=True, through_version=args.to_version or last_good)
         except WalCorruptError as exc:
             last_good = exc.last_good_version
             if not args.to_version or args.to_version > last_good:
@@ -262,12 +289,12 @@ def run_replay(args: argparse.Namespace) -> int:
             reader = _wal.WalReader(args.wal, vnode.config.max_payload_bytes)
             first = True
             for rec in reader.iter_records(start) if end >= start else ():
-                if rec.version > end:
-                    break
-                if first and rec.version != start:
+                if first and rec.version != start:  # a gap, also when it begins after `end`
                     raise CliError(f"{args.wal}: the WAL resumes at v{rec.version} but {args.data} holds versions"
                                 f" up to v{start - 1}: v{start}..v{rec.version - 1} are missing", EXIT_FAILED)
                 first = False
+                if rec.version > end:
+                    break
                 vnode.write_to_cache(rec.version, rec.epoch, rec.payload, rec.msg_type)
                 applied += 1
                 last_applied = rec.version

@@ -24,7 +24,7 @@ from vrepl.config import ReplicaAddress, SyncConfig
 from vrepl.errors import FrameError
 from vrepl.restore import protocol as P
 from vrepl.restore.config import RestoreConfig
-from vrepl.restore.errors import BadData, PeerError, RestoreError
+from vrepl.restore.errors import BadData, FilesChanged, PeerError, RestoreError
 from vrepl.restore.receiver import Receiver
 from vrepl.restore.sender import Sender, SenderOptions
 from vrepl.restore.stream import SyncStream, connect_sync
@@ -241,7 +241,8 @@ class SenderSession:
             log.warning("%s: failed after %d ms: %s", self.name, _ms_since(t0), exc,
                         extra=_end_event("sender", "failed", _ms_since(t0)))
             if self.stream is not None and not isinstance(exc, PeerError):
-                self.stream.send_error(str(exc))
+                changed = isinstance(exc, FilesChanged)
+                self.stream.send_error(str(exc), P.ERROR_SOURCE_CHANGED if changed else P.ERROR_OTHER)
             if self.kind == ConnKind.SYNC and owner.running():
                 node = self.node
                 reason = str(exc)[:200]
@@ -447,7 +448,7 @@ class ReceiverSession:
             owner.last_error = reason
             log.error("%s: failed after %d ms: %s", self.name, _ms_since(t0), reason,
                       extra=_end_event("receiver", "failed", _ms_since(t0)))
-            if not isinstance(exc, PeerError):
+            if not isinstance(exc, (PeerError, FilesChanged)):  # a FilesChanged here came from the peer
                 self.stream.send_error(reason)
             owner.notify(owner.cb.notify_restore, "failed", reason)
             # Retry with a fresh SyncRequest after a pause (a full disk must not spin).

@@ -40,6 +40,11 @@ MAX_NAME_BYTES = 1024
 MAX_REASON_BYTES = 1024
 MAX_HISTORY_PAIRS = 4096
 MAX_FRAME_PAYLOAD_BYTES = 8 + 16 * MAX_HISTORY_PAIRS + 64  # the largest payload of any message here
+# ERROR's code (its header version field; senders before it was added send 0): 1 says the
+# source's files changed during the restore, so the receiver knows a retry can help and the
+# tool exits 7 (not 4) when its retries run out (docs/restore.md §2, §8).
+ERROR_OTHER = 0
+ERROR_SOURCE_CHANGED = 1
 
 
 class SyncMsg(enum.IntEnum):
@@ -132,6 +137,7 @@ class WalEnd:
 @dataclass(frozen=True, slots=True)
 class Error:
     reason: str
+    code: int = ERROR_OTHER
 
     def describe(self) -> str:
         return f"error {printable(self.reason)}"
@@ -222,7 +228,7 @@ def encode(msg: SyncMessage) -> bytes:
     if t is WalEnd:
         return _frame(SyncMsg.WAL_END, msg.last_version)
     if t is Error:
-        return _frame(SyncMsg.ERROR, 0, 0, msg.reason.encode()[:MAX_REASON_BYTES])
+        return _frame(SyncMsg.ERROR, msg.code, 0, msg.reason.encode()[:MAX_REASON_BYTES])
     if t is WalRequest:
         return _frame(SyncMsg.WAL_REQUEST, msg.from_version)
     if t is Done:
@@ -286,7 +292,7 @@ def decode(rec: _rec.Record) -> SyncMessage:
         _expect(p, 0, "WAL_END")
         return WalEnd(v)
     if t == SyncMsg.ERROR:
-        return Error(p[:MAX_REASON_BYTES].decode("utf-8", "replace"))
+        return Error(p[:MAX_REASON_BYTES].decode("utf-8", "replace"), v)
     if t == SyncMsg.WAL_REQUEST:
         _expect(p, 0, "WAL_REQUEST")
         return WalRequest(v)

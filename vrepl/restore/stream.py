@@ -19,7 +19,7 @@ from typing import Callable
 from vrepl._core import frame as _rec
 from vrepl.errors import FrameError
 from vrepl.restore import protocol as P
-from vrepl.restore.errors import PeerError
+from vrepl.restore.errors import FilesChanged, PeerError
 from vrepl.transport import codec
 from vrepl.transport.handshake import ClientHandshake, HandshakeError
 from vrepl.untrusted import printable
@@ -92,6 +92,8 @@ class SyncStream:
             raise PeerError(f"{self.peer}: {exc}") from None
         if type(msg) is P.Error:
             # The reason is the peer's text: escaped before it reaches a log or a terminal.
+            if msg.code == P.ERROR_SOURCE_CHANGED:
+                raise FilesChanged(f"the source changed: {printable(msg.reason)}")
             raise PeerError(f"the other side stopped the restore: {printable(msg.reason)}")
         return msg
 
@@ -169,11 +171,11 @@ class SyncStream:
             if on_progress is not None:
                 on_progress(n)
 
-    def send_error(self, reason: str) -> None:
+    def send_error(self, reason: str, code: int = P.ERROR_OTHER) -> None:
         """Best effort: tell the other side why, before closing."""
         try:
             self.sock.settimeout(1.0)
-            self.sock.sendall(P.encode(P.Error(reason)))
+            self.sock.sendall(P.encode(P.Error(reason, code)))
         except OSError:
             pass
 

@@ -16,6 +16,8 @@ import os
 import struct
 from typing import Iterator
 
+import numpy as np
+
 from vrepl._core import record as _rec
 from vrepl.errors import WalCorruptError
 from vrepl.wal.files import (
@@ -148,12 +150,37 @@ def _scan_file(wf: WalFile, start: int, expect: int, max_record: int, verify_pay
                 return None
 
 
-def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, verify_all: bool = False) -> WalState:
+def _check_epochs(wf: WalFile, pos: int, scan, prev_epoch: int) -> None:
+    """Epochs never decrease (docs/wal-format.md §Files): a record whose epoch is below the
+    one before it is corruption, raised at that record (`pos` = file offset of the scan)."""
+    epochs = scan.epochs
+    if int(epochs[0]) < prev_epoch:
+        i, before = 0, prev_epoch
+    else:
+        back = np.flatnonzero(epochs[1:] < epochs[:-1])
+        if not len(back):
+            return
+        i = int(back[0]) + 1
+        before = int(epochs[i - 1])
+    version = int(scan.versions[i])
+    raise WalCorruptError(
+        wf.path,
+        pos + int(scan.offsets[i]),
+        f"epoch goes back: version {version} has epoch {int(epochs[i])} after epoch {before}",
+        version - 1,
+    )
+
+
+def inspect(
+    directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, verify_all: bool = False, through_version: int = 0
+) -> WalState:
     """Read a WAL directory's shape and the state of its last file.
 
     Sealed files are checked by their index (or a scan if it is missing or stale); with
-    verify_all every byte of every file is verified. Raises WalCorruptError for corruption;
-    a torn tail of the last file is returned in WalState.torn_tail, not raised.
+    verify_all every byte of every file is verified, and with through_version > 0 as well
+    only the files up to the one holding that version (later ones are not read; the state
+    then describes that prefix). Raises WalCorruptError for corruption; a torn tail of the
+    last file is returned in WalState.torn_tail, not raised.
     """
     state = WalState(directory, list_wal_files(directory))
     expect = 0  # next version expected; 0 = whatever the first record carries
@@ -179,11 +206,15 @@ def inspect(directory: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, ve
                 if stop.value is not None:
                     state.torn_tail = stop.value
                 break
+            if verify_all:
+                _check_epochs(wf, _pos, scan, epoch_of_last)
             if not wf.first_version:
                 wf.first_version = int(scan.versions[0])
             wf.last_version = int(scan.versions[-1])
             expect = wf.last_version + 1
             epoch_of_last = int(scan.epochs[-1])
+        if verify_all and through_version and wf.last_version >= through_version:
+            break  # `vrepl replay --to-version N` reads nothing after N (docs/restore.md §8)
     state.last_epoch = epoch_of_last or _last_epoch_of(state)
     return state
 
