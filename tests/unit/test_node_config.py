@@ -6,8 +6,10 @@ import pytest
 import dataclasses
 import os
 import re
+import subprocess
 
 import vrepl.node
+from vrepl.child import python_argv
 from vrepl.errors import ConfigError
 from vrepl.node.config import load_config, parse_config
 from vrepl.restore.config import RestoreConfig
@@ -207,10 +209,6 @@ def test_vrepl_node_refuses_a_wal_file_limit_below_one_record_header(tmp_path):
     """docs/operations.md §Configuration: an out-of-range value stops the node at start with
     exit code 2 and one line naming the key (the WAL used to refuse it only once opened:
     a traceback, exit 1)."""
-    import subprocess
-
-    from vrepl.child import python_argv
-
     conf = tmp_path / "node.toml"
     conf.write_text('node_id = 1\ndata_dir = "d"\nsecret = "s"\n'
                     '[[nodes]]\nid = 1\nreplication = "127.0.0.1:7001"\nhttp = "127.0.0.1:7101"\n'
