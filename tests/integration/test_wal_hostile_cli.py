@@ -234,6 +234,34 @@ def test_an_epoch_going_back_is_corruption(tmp_path, across_files):
     assert out.returncode == 1 and "'vrepl replay --to-version 5' rebuilds the good prefix" in one_error(out)
 
 
+@pytest.mark.parametrize("case", ["version_0", "msg_type_16", "msg_type_0"])
+def test_a_record_that_is_no_wal_data_is_corruption(tmp_path, case):
+    """docs/wal-format.md §Record: versions start at 1 and a WAL holds data types 1..15 (16..63
+    are replication messages on the wire): verify and repair report anything else as
+    corruption at that record, and replay refuses it."""
+    d = tmp_path / "wal"
+    d.mkdir()
+    rows = encode_rows([["t", 1000, {"v": 1}]])
+    if case == "version_0":
+        records, offset, msg = [(1, 0), (1, 1)], 0, "version 0: versions start at 1"
+    else:
+        t = 16 if case == "msg_type_16" else 0
+        records, msg = [(1, 1), (1, 2), (t, 3)], f"msg_type {t} at version 3 is not a WAL data type (1..15)"
+    blob = b""
+    for msg_type, version in records:
+        if version == 3:
+            offset = len(blob)
+        blob += wal._rec.encode_record(msg_type, version, 1, rows)
+    (d / wal.wal_file_name(0)).write_bytes(blob)
+    for command in (["wal", "verify", str(d)], ["wal", "repair", str(d)]):
+        out = vrepl(*command)
+        assert out.returncode == 1, out.stdout + out.stderr
+        line = one_error(out)
+        assert f"corrupt at offset {offset}: {msg}" in line, line
+    out = vrepl("replay", "--wal", str(d), "--data", str(tmp_path / "data"), "--no-progress")
+    assert out.returncode == 1, out.stdout + out.stderr
+
+
 def test_replay_into_a_data_path_that_is_a_file_is_a_usage_error(tmp_path):
     d = tmp_path / "wal"
     write_wal(d, 3)

@@ -150,9 +150,24 @@ def _scan_file(wf: WalFile, start: int, expect: int, max_record: int, verify_pay
                 return None
 
 
-def _check_epochs(wf: WalFile, pos: int, scan, prev_epoch: int) -> None:
-    """Epochs never decrease (docs/wal-format.md §Files): a record whose epoch is below the
-    one before it is corruption, raised at that record (`pos` = file offset of the scan)."""
+def _check_records(wf: WalFile, pos: int, scan, prev_epoch: int) -> None:
+    """What a WAL record must be beyond its checksums (docs/wal-format.md §Record): a
+    version of at least 1, a message type of WAL data (1..15; 16..63 are replication
+    messages on the wire), and an epoch never below the one before it. A record that is not
+    is corruption, raised at that record (`pos` = file offset of the scan)."""
+    if int(scan.versions[0]) < 1:
+        raise WalCorruptError(wf.path, pos + int(scan.offsets[0]), "version 0: versions start at 1", 0)
+    types = scan.msg_types
+    bad = np.flatnonzero((types < 1) | (types > 15))
+    if len(bad):
+        i = int(bad[0])
+        version = int(scan.versions[i])
+        raise WalCorruptError(
+            wf.path,
+            pos + int(scan.offsets[i]),
+            f"msg_type {int(types[i])} at version {version} is not a WAL data type (1..15)",
+            version - 1,
+        )
     epochs = scan.epochs
     if int(epochs[0]) < prev_epoch:
         i, before = 0, prev_epoch
@@ -207,7 +222,7 @@ def inspect(
                     state.torn_tail = stop.value
                 break
             if verify_all:
-                _check_epochs(wf, _pos, scan, epoch_of_last)
+                _check_records(wf, _pos, scan, epoch_of_last)
             if not wf.first_version:
                 wf.first_version = int(scan.versions[0])
             wf.last_version = int(scan.versions[-1])
