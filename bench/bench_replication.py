@@ -28,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from vrepl.config import SyncConfig  # noqa: E402
 from vrepl.testing.cluster import ProcessCluster  # noqa: E402
 
 
@@ -91,8 +92,9 @@ def main() -> int:
     ap.add_argument("--failovers", type=int, default=3)
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="forward records in runs of N with forward_many() (default 0: one forward() per record)")
-    ap.add_argument("--inline-sync", type=int, default=0, metavar="BYTES",
-                    help="max_wal_inline_sync_bytes (fsync small batches on the I/O thread; for fast-fsync storage)")
+    ap.add_argument("--inline-sync", type=int, default=SyncConfig.max_wal_inline_sync_bytes, metavar="BYTES",
+                    help="max_wal_inline_sync_bytes: fsync small batches on the I/O thread (default: the"
+                         f" library's, {SyncConfig.max_wal_inline_sync_bytes}; 0: off)")
     args = ap.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, WAL in {tempfile.gettempdir()}")
     with tempfile.TemporaryDirectory(prefix="vrepl-bench-") as d:

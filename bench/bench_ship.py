@@ -2,6 +2,7 @@
 
     python bench/bench_ship.py [--files 2000] [--file-kib 1024] [--replicas 1,3] [--senders 8]
                                [--cut-mib 1024] [--dir DIR] [--edge DIR] [--idle-rounds 1] [--no-rsync]
+                               [--pairs 1]
 
 An edge vnode directory of --files archived Parquet files of about --file-kib KiB each (one
 table per file, random string values, so compression leaves the size) is written once (its
@@ -11,7 +12,9 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
    took says whether they were cold).
 1. rsync baseline: `rsync -a --whole-file` of the edge's data/ to an rsync daemon (skipped
    when rsync is not installed: tools/install_system_deps.sh installs it), then `sync`
-   outside the timing, so the next step does not write rsync's files back.
+   outside rsync's timing, so the next step does not write rsync's files back. The sync is
+   timed too: "rsync, then sync" is a second baseline, rsync's copy on stable storage, as a
+   ship's files are (each fsynced) when `vrepl ship` returns.
 2. first full ship: `vrepl ship --once` into a fresh receiving vgroup of each --replicas
    count (real `vrepl node` processes); seconds until the command returned (every file loaded
    and committed on a quorum) and the ratio of rates against rsync (target >= 1.0 with 1
@@ -28,6 +31,9 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
    receiver received in all / the file's size (target <= 1.05).
 5. --senders senders (each its own edge directory, 1/--senders of the files) into one
    receiver at once: aggregate rate / the rate of one sender (target >= 0.8).
+With --pairs N, steps 1 and 2 run N times in turn (rsync, then one first full ship per
+--replicas into a fresh receiver) and each ratio's median over the pairs is printed: rsync's
+own time moves by a factor of 2-3 between consecutive runs on the test VM.
 Prints each figure as it is measured, then a table (the figures of one run go to
 docs/benchmarks.md). A first full ship that fails is a figure too (FAILED, with the
 command's last line; the steps after it still run) and makes the exit code 1.
@@ -158,11 +164,12 @@ def warm(src: str) -> tuple[int, float]:
     return total, time.monotonic() - t0
 
 
-def rsync_baseline(src: str, base: str) -> tuple[float | None, float]:
-    """(seconds, CPU seconds of the rsync client and daemon), (None, 0) without rsync."""
+def rsync_baseline(src: str, base: str, dst_name: str = "rsync-dst") -> tuple[float | None, float, float]:
+    """(seconds, CPU seconds of the rsync client and daemon, seconds of the `sync` after it),
+    (None, 0, 0) without rsync."""
     if shutil.which("rsync") is None:
-        return None, 0.0
-    dst = os.path.join(base, "rsync-dst")
+        return None, 0.0, 0.0
+    dst = os.path.join(base, dst_name)
     os.makedirs(dst)
     port = free_port()
     conf = os.path.join(base, "rsyncd.conf")
@@ -182,9 +189,12 @@ def rsync_baseline(src: str, base: str) -> tuple[float | None, float]:
         d.wait(10)
     cpu = children_cpu_s() - cpu0
     # rsync does not fsync: its dirty pages would be written back during the next step and
-    # counted against it. Written back here, outside both timings.
+    # counted against it. Written back here, outside both timings; how long that took is
+    # the second baseline ("rsync, then sync"): what rsync costs to the point where its
+    # copy is on stable storage, as a ship's is when `vrepl ship` returns.
+    t0 = time.monotonic()
     os.sync()
-    return secs, cpu
+    return secs, cpu, time.monotonic() - t0
 
 
 def main() -> int:
@@ -201,6 +211,8 @@ def main() -> int:
                     " ship (1)")
     ap.add_argument("--rsync", action=argparse.BooleanOptionalAction, default=True,
                     help="run the rsync baseline (default; --no-rsync skips it)")
+    ap.add_argument("--pairs", type=int, default=1, help="steps 1 and 2 this many times in turn (rsync, then a"
+                    " first full ship per --replicas), and the median of the ratios (1)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-ship-", dir=args.dir)
     out: list[tuple[str, str]] = []
@@ -223,51 +235,70 @@ def main() -> int:
                   flush=True)
         warmed, warm_s = warm(os.path.join(edge, "data"))
         print(f"edge read into the page cache: {warmed / 2**20:.0f} MiB in {warm_s:.2f} s", flush=True)
-        rs, rs_cpu = rsync_baseline(os.path.join(edge, "data"), base) if args.rsync else (None, 0.0)
-        if rs is not None:
-            note("rsync -a --whole-file to an rsync daemon",
-                 f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s, {rs_cpu:.2f} CPU s")
-        else:
-            note("rsync baseline", "skipped: " + ("rsync is not installed" if args.rsync else "--no-rsync"))
-        for n in [int(x) for x in args.replicas.split(",") if x]:
-            recv = receiver(os.path.join(base, f"recv{n}"), n)
-            try:
-                shutil.rmtree(os.path.join(edge, "ship"), ignore_errors=True)
-                split0, t0s = node_cpu_split(recv), os.times()
-                cpu0 = children_cpu_s() + node_cpu_s(recv)
-                secs, text, rc = ship(edge, recv)
-                cpu = children_cpu_s() + node_cpu_s(recv) - cpu0
-                t1s, split1 = os.times(), node_cpu_split(recv)
-                # Where the CPU went (user + system seconds): which process bounds a run.
-                parts = [f"vrepl ship {t1s.children_user - t0s.children_user:.2f}"
-                         f"+{t1s.children_system - t0s.children_system:.2f}"]
-                for node_id in sorted(split1):
-                    u0, s0 = split0.get(node_id, (0.0, 0.0))
-                    u1, s1 = split1[node_id]
-                    parts.append(f"n{node_id} {u1 - u0:.2f}+{s1 - s0:.2f}")
-                print(f"  CPU s (user+system) by process: {', '.join(parts)}", flush=True)
-                if rc != 0:         # a figure of its own (e.g. the load never committed)
-                    last = text.strip().splitlines()[-1] if text.strip() else ""
-                    note(f"first full ship, {n} replica(s)", f"FAILED after {secs:.2f} s (exit {rc}): {last[:300]}")
-                    continue
-                ratio = f", {rs / secs:.2f} x rsync's rate" if rs else ""
-                m = re.search(r" in ([0-9.]+) s \(sender", text)
-                inside = f", {m.group(1)} s inside the round" if m else ""
-                note(f"first full ship, {n} replica(s)",
-                     f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}{inside}, {cpu:.2f} CPU s")
-                before = received_bytes(recv)
-                inside, whole = [], []
-                for _ in range(max(1, args.idle_rounds)):
-                    secs2, text, rc = ship(edge, recv)
-                    m = re.search(r"nothing new \((\d+) ms", text)
-                    inside.append(int(m.group(1)) if m else -1)
-                    whole.append(round(secs2 * 1000))
-                each = f" (each: {', '.join(map(str, inside))} ms)" if len(inside) > 1 else ""
-                note(f"round with nothing new, {n} replica(s)",
-                     f"{statistics.median(inside):.0f} ms in the round ({statistics.median(whole):.0f} ms with"
-                     f" process start){each}, {received_bytes(recv) - before:.0f} file bytes received")
-            finally:
-                recv.close()
+        ratios: dict[str, list[float]] = {}
+        for pair in range(max(1, args.pairs)):
+            tag = f" (pair {pair + 1}/{args.pairs})" if args.pairs > 1 else ""
+            rs, rs_cpu, rs_sync = (rsync_baseline(os.path.join(edge, "data"), base, f"rsync-dst{pair}")
+                                   if args.rsync else (None, 0.0, 0.0))
+            if rs is not None:
+                note("rsync -a --whole-file to an rsync daemon" + tag,
+                     f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s, {rs_cpu:.2f} CPU s")
+                note("rsync, then sync (its copy on stable storage)" + tag,
+                     f"{rs + rs_sync:.2f} s, {size / (rs + rs_sync) / 1e6:.0f} MB/s (the sync {rs_sync:.2f} s)")
+                shutil.rmtree(os.path.join(base, f"rsync-dst{pair}"), ignore_errors=True)
+            else:
+                note("rsync baseline", "skipped: " + ("rsync is not installed" if args.rsync else "--no-rsync"))
+            for n in [int(x) for x in args.replicas.split(",") if x]:
+                recv = receiver(os.path.join(base, f"recv{n}-{pair}"), n)
+                try:
+                    shutil.rmtree(os.path.join(edge, "ship"), ignore_errors=True)
+                    split0, t0s = node_cpu_split(recv), os.times()
+                    cpu0 = children_cpu_s() + node_cpu_s(recv)
+                    secs, text, rc = ship(edge, recv)
+                    cpu = children_cpu_s() + node_cpu_s(recv) - cpu0
+                    t1s, split1 = os.times(), node_cpu_split(recv)
+                    # Where the CPU went (user + system seconds): which process bounds a run.
+                    parts = [f"vrepl ship {t1s.children_user - t0s.children_user:.2f}"
+                             f"+{t1s.children_system - t0s.children_system:.2f}"]
+                    for node_id in sorted(split1):
+                        u0, s0 = split0.get(node_id, (0.0, 0.0))
+                        u1, s1 = split1[node_id]
+                        parts.append(f"n{node_id} {u1 - u0:.2f}+{s1 - s0:.2f}")
+                    print(f"  CPU s (user+system) by process: {', '.join(parts)}", flush=True)
+                    if rc != 0:         # a figure of its own (e.g. the load never committed)
+                        last = text.strip().splitlines()[-1] if text.strip() else ""
+                        note(f"first full ship, {n} replica(s){tag}",
+                             f"FAILED after {secs:.2f} s (exit {rc}): {last[:300]}")
+                        continue
+                    ratio = ""
+                    if rs:
+                        ratio = f", {rs / secs:.2f} x rsync's rate, {(rs + rs_sync) / secs:.2f} x rsync-then-sync's"
+                        ratios.setdefault(f"{n} replica(s) / rsync", []).append(rs / secs)
+                        ratios.setdefault(f"{n} replica(s) / rsync, then sync", []).append((rs + rs_sync) / secs)
+                    m = re.search(r" in ([0-9.]+) s \(sender", text)
+                    inside = f", {m.group(1)} s inside the round" if m else ""
+                    note(f"first full ship, {n} replica(s){tag}",
+                         f"{secs:.2f} s, {size / secs / 1e6:.0f} MB/s{ratio}{inside}, {cpu:.2f} CPU s")
+                    if pair:
+                        continue        # the rounds with nothing new: once
+                    before = received_bytes(recv)
+                    inside, whole = [], []
+                    for _ in range(max(1, args.idle_rounds)):
+                        secs2, text, rc = ship(edge, recv)
+                        m = re.search(r"nothing new \((\d+) ms", text)
+                        inside.append(int(m.group(1)) if m else -1)
+                        whole.append(round(secs2 * 1000))
+                    each = f" (each: {', '.join(map(str, inside))} ms)" if len(inside) > 1 else ""
+                    note(f"round with nothing new, {n} replica(s)",
+                         f"{statistics.median(inside):.0f} ms in the round ({statistics.median(whole):.0f} ms with"
+                         f" process start){each}, {received_bytes(recv) - before:.0f} file bytes received")
+                finally:
+                    recv.close()
+                    shutil.rmtree(os.path.join(base, f"recv{n}-{pair}"), ignore_errors=True)
+        if args.pairs > 1:
+            for what, values in ratios.items():
+                note(f"first full ship, {what}, median of {len(values)} pairs",
+                     f"{statistics.median(values):.2f} x (each: {', '.join(f'{v:.2f}' for v in values)})")
         if args.cut_mib:
             cut = os.path.join(base, "cut")
             big = make_edge(cut, 1, args.cut_mib * 1024, prefix="big")

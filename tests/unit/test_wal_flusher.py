@@ -20,7 +20,7 @@ from vrepl.child import free_ports
 from vrepl.sync import SyncCallbacks, SyncInstance
 from vrepl.transport import walflush
 from vrepl.transport.node import READ_CHUNK_BYTES, READ_MIN_BYTES
-from vrepl.transport.storage import WalStore
+from vrepl.transport.storage import INLINE_MAX_COMMIT_S, WalStore
 from vrepl.wal import MSG_TYPE_DATA, read_records
 
 pytestmark = pytest.mark.timeout(60)
@@ -114,14 +114,48 @@ def test_a_failing_store_stops_alone(tmp_path):
     assert [r.version for r in read_records(str(tmp_path / "good" / "wal"))] == [1, 2, 3, 4]
 
 
-def test_close_writes_what_was_queued(tmp_path):
+@pytest.mark.parametrize("defer_wake", [False, True])
+def test_close_writes_what_was_queued(tmp_path, defer_wake):
     ev = Events()
     store = open_store(tmp_path / "s", ev)
+    store.defer_wake = defer_wake  # True: nothing was handed over before close
     for first in range(1, 200, 10):
         store.append(first, first + 9, block(first, 10))
+    began = time.monotonic()
     store.close()
+    assert time.monotonic() - began < 5  # not the close timeout (10 s)
     assert [r.version for r in read_records(str(tmp_path / "s" / "wal"))] == list(range(1, 201))
     assert ("durable", 200) in [s[:2] for s in ev.seen]
+
+
+def test_a_deferred_store_runs_a_small_batch_inline_without_waking_the_wal_thread(tmp_path):
+    """With defer_wake (max_wal_inline_sync_bytes > 0) a queued append waits for the end of
+    the batch: run_inline makes it durable on the calling thread and the WAL thread runs no
+    round for it (woken for nothing, it took the GIL from the loop during the inline
+    fdatasync, docs/perf.md §15); a batch too large to run inline is handed over by kick()."""
+    ev = Events()
+    store = open_store(tmp_path / "s", ev)
+    store.defer_wake = True
+    flusher = walflush._shared
+    try:
+        rounds = flusher.rounds
+        store.append(1, 1, block(1, 1))
+        time.sleep(0.2)
+        assert ev.seen == [] and flusher.rounds == rounds      # queued, not handed over
+        assert store.run_inline(4096)
+        assert ev.seen == [("durable", 1, threading.current_thread().name)]
+        assert flusher.rounds == rounds
+        store.append(2, 101, block(2, 100))                    # 100 records: above 1 KiB
+        assert not store.run_inline(1024)
+        time.sleep(0.2)
+        assert len(ev.seen) == 1 and flusher.rounds == rounds  # still waiting for the kick
+        store.kick()
+        ev.wait(lambda seen: ("durable", 101, "vrepl-wal") in seen)
+        assert flusher.rounds > rounds
+        store.kick()                                           # nothing queued: a no-op
+    finally:
+        store.close()
+    assert [r.version for r in read_records(str(tmp_path / "s" / "wal"))] == list(range(1, 102))
 
 
 class Posting:
@@ -238,3 +272,80 @@ def test_many_instances_in_one_process_use_one_wal_thread_and_small_read_buffers
         wals = [[r.payload for r in read_records(str(tmp_path / f"n{i + 1}" / f"vg{vg}" / "wal"))]
                 for i in range(3)]
         assert wals[0] == wals[1] == wals[2] and wals[0][-2:] == [big, b"small"]
+
+
+def test_inline_sync_replicates_small_and_large_batches(tmp_path):
+    """max_wal_inline_sync_bytes > 0 (LoopStorage: defer_wake, run_inline or kick at each
+    batch's end): one-record forwards are made durable on the I/O threads, a 600 KB record
+    goes to the WAL thread, every forward is confirmed OK, the three WALs are equal, and
+    stopping does not wait out the close timeout."""
+    ports = sorted(free_ports(3))
+    replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
+    confirms: dict[int, ConfirmStatus] = {}
+    cond = threading.Condition()
+    insts: dict[int, SyncInstance] = {}
+
+    def callbacks(i: int) -> SyncCallbacks:
+        def confirm(v, status):
+            with cond:
+                confirms[v] = status
+                cond.notify_all()
+
+        def write(v, payload):
+            insts[i].ack_forward(v)
+        return SyncCallbacks(write_to_cache=write, confirm_forward=confirm)
+
+    big = bytes(range(256)) * 2400
+    try:
+        for i in range(3):
+            cfg = SyncConfig(vgroup_id=1, replicas=replicas, self_index=i, secret=SECRET,
+                             data_path=str(tmp_path / f"n{i + 1}"), max_wal_inline_sync_bytes=4096)
+            insts[i] = SyncInstance(cfg, callbacks(i)).start()
+        assert all(inst._storage.store.defer_wake for inst in insts.values())
+        deadline = time.monotonic() + 20
+        master = None
+        while master is None and time.monotonic() < deadline:
+            roles = {i: insts[i].roles()["role"] for i in range(3)}
+            if sorted(roles.values()) == ["master", "slave", "slave"]:
+                master = next(i for i, r in roles.items() if r == "master")
+            time.sleep(0.05)
+        assert master is not None
+        for v in range(1, 41):
+            insts[master].forward(v, b"row %d" % v)
+            with cond:
+                assert cond.wait_for(lambda v=v: v in confirms, 10), v
+        insts[master].forward(41, big)
+        insts[master].forward(42, b"after")
+        with cond:
+            assert cond.wait_for(lambda: len(confirms) == 42, 20), sorted(confirms)
+        assert set(confirms.values()) == {ConfirmStatus.OK}
+    finally:
+        began = time.monotonic()
+        for inst in insts.values():
+            inst.stop()
+        assert time.monotonic() - began < 8
+    wals = [[r.payload for r in read_records(str(tmp_path / f"n{i + 1}" / "wal"))] for i in range(3)]
+    assert wals[0] == wals[1] == wals[2]
+    assert wals[0][-3:] == [b"row 40", big, b"after"]
+
+
+def test_a_store_whose_commits_are_slow_leaves_them_to_the_wal_thread(tmp_path):
+    """run_inline declines while the moving average of the store's group commits is above
+    INLINE_MAX_COMMIT_S (a slow disk must not stall the loop), and takes them again once
+    the commits are fast."""
+    ev = Events()
+    store = open_store(tmp_path / "s", ev)
+    store.defer_wake = True
+    try:
+        store.commit_s_ewma = 10 * INLINE_MAX_COMMIT_S      # as after slow commits
+        store.append(1, 1, block(1, 1))
+        assert not store.run_inline(4096)
+        store.kick()
+        ev.wait(lambda seen: ("durable", 1, "vrepl-wal") in seen)
+        assert store.commit_s_ewma < 10 * INLINE_MAX_COMMIT_S  # the WAL thread's commit counted
+        store.commit_s_ewma = 0.0
+        store.append(2, 2, block(2, 1))
+        assert store.run_inline(4096)
+        assert ev.seen[-1] == ("durable", 2, threading.current_thread().name)
+    finally:
+        store.close()

@@ -44,6 +44,9 @@ _PROMISE = struct.Struct("<4sIQi")  # magic, format, epoch, master
 _PROMISE_MAGIC = b"VRPM"
 PROMISE_FILE = "promise"
 WAL_DIR = "wal"
+# run_inline declines while a group commit takes longer than this on average: on a slow disk
+# the WAL thread keeps the loop free (docs/embedding.md, max_wal_inline_sync_bytes).
+INLINE_MAX_COMMIT_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,15 @@ class WalStore:
         self._busy = False  # a thread is executing jobs (the WAL thread or run_inline)
         self._failed = False  # a job raised: nothing more is written
         self._queued_bytes = 0
+        # True when the owner ends every batch with run_inline() or kick() (the inline sync
+        # of max_wal_inline_sync_bytes): a queued job then waits for the batch's end instead
+        # of waking the WAL thread at once, which would wake for nothing when the batch
+        # runs inline, and take the GIL from the loop during the inline fdatasync.
+        self.defer_wake = False
+        # Moving average of a group commit's write + fdatasync, in seconds: run_inline
+        # declines while it is above INLINE_MAX_COMMIT_S (a slow disk would stall the
+        # loop, every vgroup of the process and the HTTP API with it, for each commit).
+        self.commit_s_ewma = 0.0
         self.durable_version = 0  # written by the WAL thread
         self.appended_bytes = 0
         self.fsyncs = 0
@@ -208,11 +220,23 @@ class WalStore:
         with self._cond:
             self._jobs.append(job)
             self._queued_bytes += nbytes
-            wake = not (self._scheduled or self._busy or self._closed) and self._flusher is not None
+            wake = not (self.defer_wake or self._scheduled or self._busy or self._closed) and self._flusher is not None
             if wake:
                 self._scheduled = True
         if wake:
             # wake implies a flusher: only close() clears it, after _closed stops new wakes
+            self._flusher.schedule(self)  # type: ignore[union-attr]
+
+    def kick(self) -> None:
+        """Hand the queued jobs to the WAL thread (the end of a batch that did not run them
+        inline, with defer_wake)."""
+        with self._cond:
+            wake = (
+                bool(self._jobs) and not (self._scheduled or self._busy or self._closed) and self._flusher is not None
+            )
+            if wake:
+                self._scheduled = True
+        if wake:
             self._flusher.schedule(self)  # type: ignore[union-attr]
 
     def append(self, first_version: int, last_version: int, block: bytes) -> None:
@@ -241,9 +265,12 @@ class WalStore:
 
     def run_inline(self, max_bytes: int) -> bool:
         """Execute the queued jobs on the calling thread (the event loop) when the WAL thread
-        is not running this store and they hold at most `max_bytes`: a lone small write then
-        waits for no thread hand-off, only for its fdatasync. Same order and callbacks as
-        the WAL thread. True if it ran something."""
+        is not running this store, they hold at most `max_bytes` and the store's group
+        commits take at most INLINE_MAX_COMMIT_S on average: a lone small write then waits
+        for no thread hand-off, only for its fdatasync. Same order and callbacks as the WAL
+        thread. True if it ran something."""
+        if self.commit_s_ewma > INLINE_MAX_COMMIT_S:
+            return False
         with self._cond:
             if self._busy or not self._jobs or self._queued_bytes > max_bytes or self._closed or self._failed:
                 return False
@@ -263,6 +290,8 @@ class WalStore:
         """Let the WAL thread finish the queued jobs (at most timeout_s), then close."""
         flusher = self._flusher
         in_flusher = flusher is not None and flusher.in_thread()
+        if not in_flusher:
+            self.kick()  # jobs held for a batch's end (defer_wake) are written too
         with self._cond:
             self._closed = True
             if not in_flusher:
@@ -332,10 +361,13 @@ class WalStore:
                     raise InvariantViolation("self._writer is not None")
                 # One write and one fdatasync for everything queued (group commit).
                 observe = self._on_group_commit
-                began = time.perf_counter() if observe is not None else 0.0
+                began = time.perf_counter()
                 self._writer.append_encoded(block)
+                took_s = time.perf_counter() - began
+                # One thread runs the store at a time (_busy): a plain float is enough.
+                self.commit_s_ewma += (took_s - self.commit_s_ewma) * 0.2
                 if observe is not None:
-                    observe(time.perf_counter() - began)
+                    observe(took_s)
                 self.appended_bytes += len(block)
                 self.fsyncs += 1
                 continue
@@ -418,6 +450,7 @@ class LoopStorage:
         self.fail = fail
         self.run_in_executor = run_in_executor
         self.inline_sync_max_bytes = inline_sync_max_bytes
+        self.store.defer_wake = inline_sync_max_bytes > 0
         # the Driver (wal_durable, wal_truncated, wal_block, wal_read_failed): the type stays
         # `object` (transport must not import the driver), hence the attr-defined ignores below
         self.target: object = None
@@ -482,5 +515,5 @@ class LoopStorage:
         """Light load: make this batch's appends durable right here, the frames being on
         their way already, so the fdatasync overlaps the followers' work
         (max_wal_inline_sync_bytes, docs/embedding.md §Storage)."""
-        if self.inline_sync_max_bytes:
-            self.store.run_inline(self.inline_sync_max_bytes)
+        if self.inline_sync_max_bytes and not self.store.run_inline(self.inline_sync_max_bytes):
+            self.store.kick()
