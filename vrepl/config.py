@@ -105,6 +105,9 @@ class SyncConfig:
     # >0: a batch up to this size is made durable on the I/O thread while its group commits
     # take at most 1 ms on average (transport/storage.py INLINE_MAX_COMMIT_S); 0: never
     max_wal_inline_sync_bytes: int = 4096
+    # >0: while group commits average at most this many µs (a RAM disk, a power-safe drive
+    # cache), batches of any size up to 1 MiB are made durable on the I/O thread; 0: never
+    max_wal_inline_commit_us: int = 100
     app_ack_required: bool | None = None  # None: when quorum > 1 (seed 数据转发流程 step 6)
 
     def __post_init__(self) -> None:
@@ -194,6 +197,8 @@ def sync_config_invalid(cfg: SyncConfig) -> str | None:
         return f"max_wal_file_bytes must be >= {HEADER_SIZE} (one record header)"
     if cfg.max_wal_inline_sync_bytes < 0:
         return "max_wal_inline_sync_bytes must be >= 0 (0: off)"
+    if cfg.max_wal_inline_commit_us < 0:
+        return "max_wal_inline_commit_us must be >= 0 (0: off)"
     reason = config_invalid(cfg.replica_config())
     if reason is None:
         return None

@@ -117,6 +117,7 @@ class SyncInstance:
             # self.loop was set just above and is never cleared
             run_in_executor=lambda fn, *args: self.loop.run_in_executor(None, fn, *args),  # type: ignore[union-attr]
             inline_sync_max_bytes=cfg.max_wal_inline_sync_bytes,
+            inline_commit_max_us=cfg.max_wal_inline_commit_us,
             max_record_bytes=cfg.max_record_bytes,
             max_file_bytes=cfg.max_wal_file_bytes,
             on_group_commit=self.observers.wal_fsync_s,

@@ -116,6 +116,7 @@ BAD = [
     ({"sync": {"nope": 1}}, "unknown setting sync.nope"),
     ({"sync": {"max_wal_file_bytes": 0}}, "vgroup 1: max_wal_file_bytes must be >= 36"),
     ({"sync": {"max_wal_inline_sync_bytes": -1}}, "vgroup 1: max_wal_inline_sync_bytes must be >= 0"),
+    ({"sync": {"max_wal_inline_commit_us": -1}}, "vgroup 1: max_wal_inline_commit_us must be >= 0"),
     ({"restore": {"io_timeout_s": 0}}, "restore.io_timeout_s must be > 0"),
     ({"restore": {"max_concurrent_restores": 0}}, "restore.max_concurrent_restores must be >= 1"),
     ({"restore": {"enabled": 1}}, "restore.enabled must be bool"),

@@ -20,7 +20,7 @@ from vrepl.child import free_ports
 from vrepl.sync import SyncCallbacks, SyncInstance
 from vrepl.transport import walflush
 from vrepl.transport.node import READ_CHUNK_BYTES, READ_MIN_BYTES
-from vrepl.transport.storage import INLINE_MAX_COMMIT_S, WalStore
+from vrepl.transport.storage import INLINE_FAST_MAX_BYTES, INLINE_MAX_COMMIT_S, WalStore
 from vrepl.wal import MSG_TYPE_DATA, read_records
 
 pytestmark = pytest.mark.timeout(60)
@@ -274,11 +274,16 @@ def test_many_instances_in_one_process_use_one_wal_thread_and_small_read_buffers
         assert wals[0] == wals[1] == wals[2] and wals[0][-2:] == [big, b"small"]
 
 
-def test_inline_sync_replicates_small_and_large_batches(tmp_path):
-    """max_wal_inline_sync_bytes > 0 (LoopStorage: defer_wake, run_inline or kick at each
-    batch's end): one-record forwards are made durable on the I/O threads, a 600 KB record
-    goes to the WAL thread, every forward is confirmed OK, the three WALs are equal, and
-    stopping does not wait out the close timeout."""
+@pytest.mark.parametrize("inline_bytes, inline_commit_us", [(4096, 0), (0, 10_000_000)],
+                         ids=["small-batches", "fast-storage"])
+def test_inline_sync_replicates_small_and_large_batches(tmp_path, inline_bytes, inline_commit_us):
+    """Inline sync on (LoopStorage: defer_wake, run_inline or kick at each batch's end).
+    Small batches only (max_wal_inline_sync_bytes): one-record forwards are made durable on
+    the I/O threads, a 600 KB record goes to the WAL thread. Fast storage
+    (max_wal_inline_commit_us, here so high that this disk counts as fast): every batch,
+    the 600 KB record too, runs on the I/O threads and the WAL thread runs no round for
+    them. Either way every forward is confirmed OK, the three WALs are equal, and stopping
+    does not wait out the close timeout."""
     ports = sorted(free_ports(3))
     replicas = tuple(ReplicaAddress(i + 1, "127.0.0.1", p) for i, p in enumerate(ports))
     confirms: dict[int, ConfirmStatus] = {}
@@ -299,7 +304,8 @@ def test_inline_sync_replicates_small_and_large_batches(tmp_path):
     try:
         for i in range(3):
             cfg = SyncConfig(vgroup_id=1, replicas=replicas, self_index=i, secret=SECRET,
-                             data_path=str(tmp_path / f"n{i + 1}"), max_wal_inline_sync_bytes=4096)
+                             data_path=str(tmp_path / f"n{i + 1}"), max_wal_inline_sync_bytes=inline_bytes,
+                             max_wal_inline_commit_us=inline_commit_us)
             insts[i] = SyncInstance(cfg, callbacks(i)).start()
         assert all(inst._storage.store.defer_wake for inst in insts.values())
         deadline = time.monotonic() + 20
@@ -310,6 +316,7 @@ def test_inline_sync_replicates_small_and_large_batches(tmp_path):
                 master = next(i for i, r in roles.items() if r == "master")
             time.sleep(0.05)
         assert master is not None
+        rounds = walflush._shared.rounds
         for v in range(1, 41):
             insts[master].forward(v, b"row %d" % v)
             with cond:
@@ -319,6 +326,10 @@ def test_inline_sync_replicates_small_and_large_batches(tmp_path):
         with cond:
             assert cond.wait_for(lambda: len(confirms) == 42, 20), sorted(confirms)
         assert set(confirms.values()) == {ConfirmStatus.OK}
+        if inline_commit_us:
+            assert walflush._shared.rounds == rounds  # no job went to the WAL thread
+        else:
+            assert walflush._shared.rounds > rounds   # the 600 KB record did
     finally:
         began = time.monotonic()
         for inst in insts.values():
@@ -349,3 +360,50 @@ def test_a_store_whose_commits_are_slow_leaves_them_to_the_wal_thread(tmp_path):
         assert ev.seen[-1] == ("durable", 2, threading.current_thread().name)
     finally:
         store.close()
+
+
+def test_on_fast_storage_batches_of_any_size_run_inline_with_hysteresis(tmp_path):
+    """max_wal_inline_commit_us: while the store's group commits average at most
+    fast_commit_s, run_inline takes a batch larger than max_bytes (up to
+    INLINE_FAST_MAX_BYTES); once in, it stays in up to twice the bound, and comes back only
+    at the bound. Outside it the small-batch rule alone applies. fast_commit_s = 0 is off."""
+    ev = Events()
+    store = open_store(tmp_path / "s", ev)
+    store.defer_wake = True
+    fast_s = 100e-6
+    big = 100  # records: a block above the 1 KiB small-batch bound
+    v = 0
+
+    def queue(n: int) -> int:
+        nonlocal v
+        store.append(v + 1, v + n, block(v + 1, n))
+        v += n
+        return v
+
+    def inline_with(ewma_s: float, fast: float = fast_s) -> bool:
+        store.commit_s_ewma = ewma_s
+        return store.run_inline(1024, fast)
+
+    try:
+        last = queue(big)
+        assert not inline_with(0.0, fast=0.0)                 # off: too large for the small rule
+        assert inline_with(50e-6) and store.fast_inline       # fast storage: any size
+        assert ev.seen[-1] == ("durable", last, threading.current_thread().name)
+        last = queue(big)
+        assert inline_with(150e-6)                            # in: stays up to 2 x the bound
+        last = queue(big)
+        assert not inline_with(250e-6) and not store.fast_inline  # out above 2 x
+        assert not inline_with(150e-6)                        # and not back in above the bound
+        assert inline_with(90e-6)                             # back at the bound
+        assert ev.seen[-1] == ("durable", last, threading.current_thread().name)
+        last = queue(1)
+        assert inline_with(500e-6)                            # small batch: the 1 ms rule
+        huge = INLINE_FAST_MAX_BYTES // 1000 + 10             # records of ~1 KB: above 1 MiB
+        store.append(v + 1, v + huge, rec.encode_batch(MSG_TYPE_DATA, v + 1, 1, [b"x" * 1000] * huge))
+        v += huge
+        assert not inline_with(10e-6)                         # too large even for fast storage
+        store.kick()
+        ev.wait(lambda seen: ("durable", v, "vrepl-wal") in seen)
+    finally:
+        store.close()
+    assert [r.version for r in read_records(str(tmp_path / "s" / "wal"))] == list(range(1, v + 1))

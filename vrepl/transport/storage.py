@@ -47,6 +47,12 @@ WAL_DIR = "wal"
 # run_inline declines while a group commit takes longer than this on average: on a slow disk
 # the WAL thread keeps the loop free (docs/embedding.md, max_wal_inline_sync_bytes).
 INLINE_MAX_COMMIT_S = 0.001
+# While the group commits average at most max_wal_inline_commit_us (fast storage: a RAM disk,
+# a drive with a power-safe cache), run_inline takes batches of any size up to this: the
+# thread hand-off then costs more than the commit, and a vgroup with one request in flight
+# pays it per request (docs/perf.md §16). Larger batches still go to the WAL thread, so one
+# commit holds the loop for a bounded time.
+INLINE_FAST_MAX_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -177,10 +183,14 @@ class WalStore:
         # of waking the WAL thread at once, which would wake for nothing when the batch
         # runs inline, and take the GIL from the loop during the inline fdatasync.
         self.defer_wake = False
-        # Moving average of a group commit's write + fdatasync, in seconds: run_inline
-        # declines while it is above INLINE_MAX_COMMIT_S (a slow disk would stall the
-        # loop, every vgroup of the process and the HTTP API with it, for each commit).
+        # Moving average of a group commit's write + fdatasync, in seconds, measured on
+        # whichever thread ran it: run_inline declines while it is above INLINE_MAX_COMMIT_S
+        # (a slow disk would stall the loop, every vgroup of the process and the HTTP API
+        # with it, for each commit) and takes any size up to INLINE_FAST_MAX_BYTES while it
+        # is at most its fast_commit_s. It starts at 0: the first commits probe inline, and
+        # a few slow ones move the store to the WAL thread (each moves it by a fifth).
         self.commit_s_ewma = 0.0
+        self.fast_inline = False  # run_inline's last verdict on fast storage (its hysteresis)
         self.durable_version = 0  # written by the WAL thread
         self.appended_bytes = 0
         self.fsyncs = 0
@@ -263,16 +273,26 @@ class WalStore:
         first = w.first_version if w is not None else 0
         return first or default
 
-    def run_inline(self, max_bytes: int) -> bool:
+    def run_inline(self, max_bytes: int, fast_commit_s: float = 0.0) -> bool:
         """Execute the queued jobs on the calling thread (the event loop) when the WAL thread
-        is not running this store, they hold at most `max_bytes` and the store's group
-        commits take at most INLINE_MAX_COMMIT_S on average: a lone small write then waits
-        for no thread hand-off, only for its fdatasync. Same order and callbacks as the WAL
-        thread. True if it ran something."""
-        if self.commit_s_ewma > INLINE_MAX_COMMIT_S:
+        is not running this store and either they hold at most `max_bytes` and the store's
+        group commits take at most INLINE_MAX_COMMIT_S on average (a lone small write then
+        waits for no thread hand-off, only for its fdatasync), or the commits take at most
+        `fast_commit_s` (> 0) on average and the jobs hold at most INLINE_FAST_MAX_BYTES
+        (fast storage: every batch). Same order and callbacks as the WAL thread. True if it
+        ran something."""
+        ewma = self.commit_s_ewma
+        # Hysteresis: in at fast_commit_s, out above twice that, so a store whose commits
+        # average near the bound does not flip between the two paths every few commits.
+        self.fast_inline = fast_commit_s > 0 and ewma <= fast_commit_s * (2.0 if self.fast_inline else 1.0)
+        if self.fast_inline:
+            limit = max(max_bytes, INLINE_FAST_MAX_BYTES)
+        elif max_bytes > 0 and ewma <= INLINE_MAX_COMMIT_S:
+            limit = max_bytes
+        else:
             return False
         with self._cond:
-            if self._busy or not self._jobs or self._queued_bytes > max_bytes or self._closed or self._failed:
+            if self._busy or not self._jobs or self._queued_bytes > limit or self._closed or self._failed:
                 return False
             jobs = self._take_locked()
         try:
@@ -437,6 +457,7 @@ class LoopStorage:
         fail: Callable[[str], None],
         run_in_executor: Callable[..., asyncio.Future[Any]],
         inline_sync_max_bytes: int = 0,
+        inline_commit_max_us: int = 0,
         **store_options,
     ) -> None:
         self.store = WalStore(
@@ -450,7 +471,9 @@ class LoopStorage:
         self.fail = fail
         self.run_in_executor = run_in_executor
         self.inline_sync_max_bytes = inline_sync_max_bytes
-        self.store.defer_wake = inline_sync_max_bytes > 0
+        self.inline_fast_commit_s = inline_commit_max_us / 1e6
+        self.inline_on = inline_sync_max_bytes > 0 or inline_commit_max_us > 0
+        self.store.defer_wake = self.inline_on
         # the Driver (wal_durable, wal_truncated, wal_block, wal_read_failed): the type stays
         # `object` (transport must not import the driver), hence the attr-defined ignores below
         self.target: object = None
@@ -512,8 +535,8 @@ class LoopStorage:
         self._readers.pop(reader, None)
 
     def end_batch(self) -> None:
-        """Light load: make this batch's appends durable right here, the frames being on
-        their way already, so the fdatasync overlaps the followers' work
-        (max_wal_inline_sync_bytes, docs/embedding.md §Storage)."""
-        if self.inline_sync_max_bytes and not self.store.run_inline(self.inline_sync_max_bytes):
+        """Light load or fast storage: make this batch's appends durable right here, the
+        frames being on their way already, so the fdatasync overlaps the followers' work
+        (max_wal_inline_sync_bytes, max_wal_inline_commit_us, docs/embedding.md §Storage)."""
+        if self.inline_on and not self.store.run_inline(self.inline_sync_max_bytes, self.inline_fast_commit_s):
             self.store.kick()
