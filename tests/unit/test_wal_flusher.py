@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Callable
 
 import pytest
 
@@ -207,6 +208,67 @@ def test_a_round_hands_its_completions_to_the_loop_once_in_order():
         loop.call_soon_threadsafe(loop.stop)
         t.join(5)
         loop.close()
+
+
+class HandOffLoop:
+    """An event loop stand-in for a round's hand-off: at the instant a round hands its
+    completions over, it first does what the real loop might do then (`at_hand_off`, once),
+    then runs them."""
+
+    def __init__(self) -> None:
+        self.at_hand_off: Callable[[], None] | None = None
+
+    def call_soon_threadsafe(self, fn, *args) -> None:
+        turn, self.at_hand_off = self.at_hand_off, None
+        if turn is not None:
+            turn()
+        fn(*args)
+
+
+def test_the_loop_cannot_run_a_store_inline_before_the_rounds_reports_reach_it(tmp_path):
+    """A round's completions reach the loop in one call_soon_threadsafe at its end, an
+    inline run's by call_soon. Were the store free for inline runs before that hand-off, the
+    loop could cut the WAL and append again inline, and the round's stale "durable up to 5"
+    would arrive after, marking the new v5 durable before its fdatasync. So the store stays
+    held until the hand-off is done: the inline run declines and the reports keep order."""
+    reports: list = []
+    cond = threading.Condition()
+    loop = HandOffLoop()
+
+    def post(report) -> None:
+        def deliver() -> None:
+            with cond:
+                reports.append(report)
+                cond.notify_all()
+        if not walflush.collect(loop, deliver):   # type: ignore[arg-type]
+            deliver()                              # an inline run on "the loop" itself
+
+    store = WalStore(str(tmp_path / "s"), on_durable=lambda v: post(("durable", v)),
+                     on_truncated=lambda e, v: post(("truncated", v)),
+                     on_error=lambda exc: post(("error", repr(exc))))
+    store.open()
+    store.defer_wake = True                        # nothing goes to the shared thread by itself
+    inline_ran: list[bool] = []
+
+    def loop_turn() -> None:
+        store.truncate_after(3)
+        store.append(4, 5, block(4, 2, epoch=2))
+        inline_ran.append(store.run_inline(4096))
+
+    loop.at_hand_off = loop_turn
+    flusher = walflush.WalFlusher(name="vrepl-wal-test")
+    try:
+        store.append(1, 5, block(1, 5))
+        flusher.run_round([store])                 # this thread plays the WAL thread's round
+        assert inline_ran == [False]               # still held by the round at its hand-off
+        with cond:                                 # the cut and the new v4-v5: the WAL thread
+            assert cond.wait_for(lambda: len(reports) >= 3, 10), reports
+        assert reports == [("durable", 5), ("truncated", 3), ("durable", 5)]
+    finally:
+        flusher.release()
+        store.close()
+    assert [(r.version, r.epoch) for r in read_records(str(tmp_path / "s" / "wal"))] == [
+        (1, 1), (2, 1), (3, 1), (4, 2), (5, 2)]
 
 
 def test_many_instances_in_one_process_use_one_wal_thread_and_small_read_buffers(tmp_path):

@@ -15,7 +15,9 @@ store's durable reports still precede its later truncation report), and wakes th
 thread once per round.
 Must not: reorder the jobs of one store, run one store on two threads at once (a store's
 `take_jobs` / `jobs_done` pair guards that, with its inline runs on the I/O thread), or call
-a store's callbacks itself (the store does, from `run_jobs`).
+a store's callbacks itself (the store does, from `run_jobs`), or release a store
+(`jobs_done`) before the round's completions are handed to the loop (an inline run on the
+loop could then report before them: the comment in `run_round`).
 """
 
 from __future__ import annotations
@@ -107,16 +109,15 @@ class WalFlusher:
         one hand-off. A store that is busy elsewhere (an inline run) is skipped: it
         schedules itself again when that run ends."""
         posted: dict[asyncio.AbstractEventLoop, list[Callable[[], Any]]] = {}
+        ran: list[FlushableStore] = []
         _round.posted = posted
         try:
             for store in stores:
                 jobs = store.take_jobs()
                 if jobs is None:
                     continue
-                try:
-                    store.run_jobs(jobs)
-                finally:
-                    store.jobs_done()
+                ran.append(store)
+                store.run_jobs(jobs)
         finally:
             _round.posted = None
             self.rounds += 1
@@ -125,6 +126,12 @@ class WalFlusher:
                     loop.call_soon_threadsafe(_run_all, loop, callbacks)
                 except RuntimeError:  # that loop closed (its instances are stopping)
                     pass
+            # Only now may the loop run these stores inline: its inline completions are
+            # call_soon'd, so before the hand-off above they could overtake this round's.
+            # A stale "durable up to v" delivered after an inline truncation and new
+            # appends would mark a record durable before its fdatasync.
+            for store in ran:
+                store.jobs_done()
 
 
 def collect(loop: asyncio.AbstractEventLoop, callback: Callable[[], Any]) -> bool:
