@@ -587,7 +587,8 @@ def test_two_replicas_healed_cut_keeps_the_master_and_its_epoch():
 def test_grant_first_candidate_claims_the_epoch_it_was_granted():
     """§2.4: a candidate that asked the arbitrator for e1 before promising must not promise e1
     to another candidate while it waits, and promises e1 to itself when granted, so no other
-    node can be elected in e1 and be refused a lease for ever ("e1 was granted to n1")."""
+    node can be elected in e1 and be refused a lease for ever ("e1 was granted to n1"); the
+    granted node then takes e1 (rule 6) rather than the group moving to e2."""
     net = Net(2, arbitrator=True)
     net.start(connect=False)
     net.arbitrator_connect(1)  # n1 alone: asks for e1 first
@@ -607,10 +608,14 @@ def test_grant_first_candidate_claims_the_epoch_it_was_granted():
     assert net.nodes[1].promise == (1, 1)
     net.run()
     net.tick(6)
-    assert net.masters() == [0] and net.nodes[0].replica.promised_epoch == 2
-    assert net.lease.holder(7, net.now_tick) == (1, 1)  # n1's unused e1 lease runs out first
+    # Rule 6: n1's promise and the grant are a majority for e1 and the logs are equal, so
+    # n1 takes e1 (n0, which wins the tie by list order, could never win e1: it used to
+    # announce e2 over it); n0 follows the master of its promised epoch.
+    assert net.masters() == [1]
+    assert [net.nodes[i].replica.promised_epoch for i in (0, 1)] == [1, 1]
+    assert net.nodes[0].role in (Role.SYNCING, Role.SLAVE)
     net.tick(30)
-    assert net.lease.holder(7, net.now_tick) == (0, 2)
+    assert net.masters() == [1] and net.lease.holder(7, net.now_tick) == (1, 1)  # renewed
 
 
 # ---------------------------------------------------------------------- forwarding

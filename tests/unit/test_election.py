@@ -106,6 +106,11 @@ ROWS = [
     ("two_replicas_candidate_with_grant_becomes_master", 1, ["O e1v3 p1@0", "U e1v3 p2@1"], "01", "c2", V.BECOME_MASTER, 2, 1),
     ("two_replicas_both_promise_without_arbitrator_grant", 0, ["U e1v3 p2@0", "U e1v3 p2@0"], "11", "c", V.BECOME_MASTER, 2, 0),
     ("two_replicas_no_arbitrator_connection_unsynced", 1, ["O e1v3 p1@0", "U e1v3 p1@0"], "01", "g1", V.UNSYNCED, 1, NO_NODE),
+    # Rule 6 (§2.4): a node holding the arbitrator's grant for its own promise, with a log
+    # equal to the tie winner's, takes that epoch; with a better log on the winner it waits.
+    ("two_replicas_granted_tie_loser_becomes_master", 1, ["U e0v0 p1@0", "U e0v0 p1@1"], "11", "c1", V.BECOME_MASTER, 1, 1),
+    ("two_replicas_granted_node_with_older_log_waits", 1, ["U e1v4 p2@0", "U e1v3 p2@1"], "11", "c2", V.WAIT, 2, 0),
+    ("two_replicas_granted_node_seeing_newer_promise_waits", 1, ["U e0v0 p2@0", "U e0v0 p1@1"], "11", "c1", V.ADOPT, 2, 0),
     ("four_replicas_two_plus_arbitrator_is_majority", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "O e1v3 p1@0"], "0110", "c", V.REQUEST_GRANT, 2, 1),
     ("four_replicas_two_plus_grant_announce", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "O e1v3 p1@0"], "0110", "c2", V.ANNOUNCE, 2, 1),
     ("four_replicas_three_online_announce_first", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "U e1v3 p1@0"], "0111", "c", V.ANNOUNCE, 2, 1),

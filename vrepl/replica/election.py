@@ -202,6 +202,34 @@ def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Deci
     return None
 
 
+def granted_in_a_tie(inp: ElectionInput, cand: int) -> bool:
+    """True when this node, not the candidate only by list order, already holds a majority
+    for its own promise through the arbitrator's grant (docs/design.md §2.4).
+
+    The start-up race it settles: n2 saw n1 offline and asked the arbitrator for e1; n1's
+    link came up before the answer, and n1, hearing both replicas, promised e1 to itself.
+    The grant then gave n2 e1 too (its own promise goes with the grant). n1 wins the tie
+    by list order, but it can never win e1 (n2's promise and the arbitrator's vote are
+    taken) and used to announce e2 over it: the group's first master was elected at e2.
+    n2 becomes master at e1 instead, which is safe (its promise and the grant are a
+    majority of the n + 1 members for e1) and loses nothing (the logs are equal); n1
+    follows a master of its promised epoch. With a better log on the candidate this does
+    not apply: the better log must win, at a new epoch."""
+    me = inp.self_index
+    mine, cv = inp.views[me], inp.views[cand]
+    promised = mine.promised_epoch
+    if not (inp.arbitrator_used and promised > 0 and inp.grant_epoch == promised):
+        return False
+    if mine.promised_master != inp.nodes[me] or not inp.own_promise_reusable or promised <= mine.last_epoch:
+        return False
+    if (cv.last_epoch, cv.last_version) != (mine.last_epoch, mine.last_version):
+        return False
+    if any(up and v.promised_epoch > promised for v, up in zip(inp.views, inp.online)):
+        return False
+    votes = promises_for(inp.views, inp.online, promised, inp.nodes[me])
+    return is_majority(votes + 1, len(inp.nodes), True)
+
+
 def decide(inp: ElectionInput) -> Decision:
     """One node's election decision from its own views (docs/design.md §2)."""
     n = len(inp.nodes)
@@ -259,6 +287,14 @@ def decide(inp: ElectionInput) -> Decision:
     cand = pick_candidate(inp.views, inp.online, inp.nodes)
     if cand is None:  # cannot happen: this node itself is online
         return Decision(Verdict.WAIT, promised, NO_NODE, "no online replica")
+
+    if cand != me and granted_in_a_tie(inp, cand):
+        return Decision(
+            Verdict.BECOME_MASTER,
+            promised,
+            my_node,
+            f"arbitrator grant and my own promise for e{promised}; log equal to n{inp.nodes[cand]}'s",
+        )
 
     if cand == me:
         others_below = all(
