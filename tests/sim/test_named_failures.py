@@ -226,3 +226,22 @@ def test_confirmed_write_then_immediate_master_kill(seed):
     assert new.wal[v - 1] == oks[-1]
     w.run_liveness()
     assert w.history.confirmed[v] == oks[-1]
+
+
+@pytest.mark.parametrize("replicas,seeds,most_at_e2", [(2, 200, 0), (3, 300, 2), (4, 300, 2)])
+def test_fresh_groups_elect_their_first_master_at_e1(replicas, seeds, most_at_e2):
+    """Start-up churn (docs/design.md §2.4): fresh groups, no faults, the world's random
+    latencies deciding who hears whom first. Before rules 6 and 7, 49 of 300 two-replica
+    groups (2 replicas + arbitrator: a grant answered after the peer's link came up) and 7
+    of 300 three- and four-replica groups (a candidate holding a majority that re-announced
+    because another node had promised itself the same epoch) elected their first master at
+    e2. What remains is a stale view (a promise still in flight when the wait of rule 3
+    ends): at most `most_at_e2` of these seeds."""
+    at_e2 = []
+    for seed in range(seeds):
+        w = calm(replicas, seed)
+        assert wait_for(w, lambda: one_master(w) is not None, 300), f"seed {seed}: no master"
+        epoch = one_master(w).replica.promised_epoch
+        if epoch != 1:
+            at_e2.append((seed, epoch))
+    assert len(at_e2) <= most_at_e2, at_e2

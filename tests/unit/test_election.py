@@ -111,6 +111,14 @@ ROWS = [
     ("two_replicas_granted_tie_loser_becomes_master", 1, ["U e0v0 p1@0", "U e0v0 p1@1"], "11", "c1", V.BECOME_MASTER, 1, 1),
     ("two_replicas_granted_node_with_older_log_waits", 1, ["U e1v4 p2@0", "U e1v3 p2@1"], "11", "c2", V.WAIT, 2, 0),
     ("two_replicas_granted_node_seeing_newer_promise_waits", 1, ["U e0v0 p2@0", "U e0v0 p1@1"], "11", "c1", V.ADOPT, 2, 0),
+    # Rule 7 (§2.4): a candidate whose own promise a majority holds becomes master although
+    # another node promised that epoch to itself (it can never win it); not past a newer
+    # promise. Rule 6 without an arbitrator: the tie loser holding a majority takes it.
+    ("candidate_with_majority_despite_a_rival_own_promise", 0, ["U e0v0 p1@0", "U e0v0 p1@0", "U e0v0 p1@2"], "111", "", V.BECOME_MASTER, 1, 0),
+    ("majority_of_an_older_epoch_adopts_a_newer_announcement", 0, ["U e0v0 p1@0", "U e0v0 p1@0", "U e0v0 p2@2"], "111", "", V.ADOPT, 2, 2),
+    ("four_replicas_majority_with_a_rival_own_promise", 0, ["U e0v0 p1@0", "U e0v0 p1@1", "U e0v0 p1@0", "U e0v0 p1@0"], "1111", "c", V.BECOME_MASTER, 1, 0),
+    ("tie_loser_holding_a_majority_becomes_master", 1, ["U e0v0 p1@0", "U e0v0 p1@1", "U e0v0 p1@1"], "111", "", V.BECOME_MASTER, 1, 1),
+    ("tie_loser_with_own_promise_only_waits", 1, ["U e0v0 p1@0", "U e0v0 p1@1", "U e0v0 p0@-"], "111", "", V.WAIT, 1, 0),
     ("four_replicas_two_plus_arbitrator_is_majority", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "O e1v3 p1@0"], "0110", "c", V.REQUEST_GRANT, 2, 1),
     ("four_replicas_two_plus_grant_announce", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "O e1v3 p1@0"], "0110", "c2", V.ANNOUNCE, 2, 1),
     ("four_replicas_three_online_announce_first", 1, ["O e1v3 p1@0", "U e1v3 p1@0", "U e1v2 p1@0", "U e1v3 p1@0"], "0111", "c", V.ANNOUNCE, 2, 1),

@@ -202,32 +202,41 @@ def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Deci
     return None
 
 
-def granted_in_a_tie(inp: ElectionInput, cand: int) -> bool:
-    """True when this node, not the candidate only by list order, already holds a majority
-    for its own promise through the arbitrator's grant (docs/design.md §2.4).
+def holds_majority(inp: ElectionInput) -> bool:
+    """This node's own promise is held by a majority of the members: the online replicas
+    showing (its promised epoch, it) plus the arbitrator's live grant of that epoch, and no
+    replica shows a newer promise (a master elected now would only be deposed by it)."""
+    me = inp.self_index
+    promised = inp.views[me].promised_epoch
+    if any(v.promised_epoch > promised for v in inp.views):
+        return False
+    votes = promises_for(inp.views, inp.online, promised, inp.nodes[me])
+    grant = 1 if inp.arbitrator_used and inp.grant_epoch == promised else 0
+    return is_majority(votes + grant, len(inp.nodes), inp.arbitrator_used)
 
-    The start-up race it settles: n2 saw n1 offline and asked the arbitrator for e1; n1's
-    link came up before the answer, and n1, hearing both replicas, promised e1 to itself.
-    The grant then gave n2 e1 too (its own promise goes with the grant). n1 wins the tie
-    by list order, but it can never win e1 (n2's promise and the arbitrator's vote are
-    taken) and used to announce e2 over it: the group's first master was elected at e2.
-    n2 becomes master at e1 instead, which is safe (its promise and the grant are a
-    majority of the n + 1 members for e1) and loses nothing (the logs are equal); n1
-    follows a master of its promised epoch. With a better log on the candidate this does
-    not apply: the better log must win, at a new epoch."""
+
+def won_in_a_tie(inp: ElectionInput, cand: int) -> bool:
+    """True when this node, which is not the candidate only by list order (its log equals
+    the candidate's), already holds a majority for its own promise: the promises of that
+    epoch to it plus the arbitrator's grant (docs/design.md §2.4 rule 6).
+
+    The start-up race it settles (2 replicas): n2 saw n1 offline and asked the arbitrator
+    for e1; n1's link came up before the answer, and n1, hearing both replicas, promised e1
+    to itself. The grant then gave n2 e1 too (its own promise goes with the grant). n1 wins
+    the tie by list order, but it can never win e1 (n2's promise and the arbitrator's vote
+    are taken) and used to announce e2 over it: the group's first master was elected at
+    e2. n2 becomes master at e1 instead, which is safe (a majority of the members promised
+    e1 to it) and loses nothing (the logs are equal); n1 follows a master of its promised
+    epoch. With a better log on the candidate this does not apply: the better log must win,
+    at a new epoch."""
     me = inp.self_index
     mine, cv = inp.views[me], inp.views[cand]
     promised = mine.promised_epoch
-    if not (inp.arbitrator_used and promised > 0 and inp.grant_epoch == promised):
+    if promised == 0 or mine.promised_master != inp.nodes[me] or not inp.own_promise_reusable:
         return False
-    if mine.promised_master != inp.nodes[me] or not inp.own_promise_reusable or promised <= mine.last_epoch:
+    if promised <= mine.last_epoch or (cv.last_epoch, cv.last_version) != (mine.last_epoch, mine.last_version):
         return False
-    if (cv.last_epoch, cv.last_version) != (mine.last_epoch, mine.last_version):
-        return False
-    if any(up and v.promised_epoch > promised for v, up in zip(inp.views, inp.online)):
-        return False
-    votes = promises_for(inp.views, inp.online, promised, inp.nodes[me])
-    return is_majority(votes + 1, len(inp.nodes), True)
+    return holds_majority(inp)
 
 
 def decide(inp: ElectionInput) -> Decision:
@@ -288,12 +297,13 @@ def decide(inp: ElectionInput) -> Decision:
     if cand is None:  # cannot happen: this node itself is online
         return Decision(Verdict.WAIT, promised, NO_NODE, "no online replica")
 
-    if cand != me and granted_in_a_tie(inp, cand):
+    if cand != me and won_in_a_tie(inp, cand):
+        with_grant = " with the arbitrator's grant" if inp.arbitrator_used and inp.grant_epoch == promised else ""
         return Decision(
             Verdict.BECOME_MASTER,
             promised,
             my_node,
-            f"arbitrator grant and my own promise for e{promised}; log equal to n{inp.nodes[cand]}'s",
+            f"a majority promised e{promised} to me{with_grant}; my log equals n{inp.nodes[cand]}'s",
         )
 
     if cand == me:
@@ -306,6 +316,16 @@ def decide(inp: ElectionInput) -> Decision:
         # epoch P and lost some of it in a crash must never write a different record at the
         # same (P, version) again, so it takes a new epoch.
         reusable = inp.own_promise_reusable and mine.promised_master == my_node
+        if reusable and not others_below and promised > mine.last_epoch and holds_majority(inp):
+            # Another node promised my epoch to itself, but a majority promised it to me:
+            # that node can never win it, and a new epoch would only restart an election
+            # this node has won (§2.4 rule 7).
+            return Decision(
+                Verdict.BECOME_MASTER,
+                promised,
+                my_node,
+                f"a majority promised e{promised} to me; another node's own promise of it cannot win",
+            )
         if not reusable or not others_below or promised <= mine.last_epoch:
             epoch = next_epoch(inp.views)
             held = before_announcing(inp, epoch, online_count)
