@@ -202,23 +202,42 @@ def before_announcing(inp: ElectionInput, epoch: int, online_count: int) -> Deci
     return None
 
 
-def holds_majority(inp: ElectionInput) -> bool:
-    """This node's own promise is held by a majority of the members: the online replicas
-    showing (its promised epoch, it) plus the arbitrator's live grant of that epoch, and no
-    replica shows a newer promise (a master elected now would only be deposed by it)."""
+def own_promise_fresh(inp: ElectionInput) -> bool:
+    """This node's promise is to itself and can be used to become master: not read back
+    from disk at start-up, and above the last epoch its log holds records of (a master that
+    wrote in epoch P and lost some of it in a crash must never write a different record at
+    the same (P, version) again, so it takes a new epoch)."""
+    mine = inp.views[inp.self_index]
+    return (
+        inp.own_promise_reusable
+        and mine.promised_master == inp.nodes[inp.self_index]
+        and mine.promised_epoch > mine.last_epoch
+    )
+
+
+def own_votes(inp: ElectionInput) -> tuple[int, int]:
+    """(online replicas showing this node's promised epoch promised to it, 1 if the
+    arbitrator's live grant is for that epoch else 0)."""
     me = inp.self_index
     promised = inp.views[me].promised_epoch
+    votes = promises_for(inp.views, inp.online, promised, inp.nodes[me])
+    return votes, 1 if inp.arbitrator_used and inp.grant_epoch == promised else 0
+
+
+def holds_majority(inp: ElectionInput) -> bool:
+    """This node's own promise is held by a majority of the members (`own_votes`), and no
+    replica shows a newer promise (a master elected now would only be deposed by it)."""
+    promised = inp.views[inp.self_index].promised_epoch
     if any(v.promised_epoch > promised for v in inp.views):
         return False
-    votes = promises_for(inp.views, inp.online, promised, inp.nodes[me])
-    grant = 1 if inp.arbitrator_used and inp.grant_epoch == promised else 0
+    votes, grant = own_votes(inp)
     return is_majority(votes + grant, len(inp.nodes), inp.arbitrator_used)
 
 
 def won_in_a_tie(inp: ElectionInput, cand: int) -> bool:
     """True when this node, which is not the candidate only by list order (its log equals
-    the candidate's), already holds a majority for its own promise: the promises of that
-    epoch to it plus the arbitrator's grant (docs/design.md §2.4 rule 6).
+    the candidate's), already holds a majority for its own fresh promise (docs/design.md
+    §2.4 rule 6).
 
     The start-up race it settles (2 replicas): n2 saw n1 offline and asked the arbitrator
     for e1; n1's link came up before the answer, and n1, hearing both replicas, promised e1
@@ -229,14 +248,9 @@ def won_in_a_tie(inp: ElectionInput, cand: int) -> bool:
     e1 to it) and loses nothing (the logs are equal); n1 follows a master of its promised
     epoch. With a better log on the candidate this does not apply: the better log must win,
     at a new epoch."""
-    me = inp.self_index
-    mine, cv = inp.views[me], inp.views[cand]
-    promised = mine.promised_epoch
-    if promised == 0 or mine.promised_master != inp.nodes[me] or not inp.own_promise_reusable:
-        return False
-    if promised <= mine.last_epoch or (cv.last_epoch, cv.last_version) != (mine.last_epoch, mine.last_version):
-        return False
-    return holds_majority(inp)
+    mine, cv = inp.views[inp.self_index], inp.views[cand]
+    same_log = (cv.last_epoch, cv.last_version) == (mine.last_epoch, mine.last_version)
+    return same_log and own_promise_fresh(inp) and holds_majority(inp)
 
 
 def decide(inp: ElectionInput) -> Decision:
@@ -298,7 +312,7 @@ def decide(inp: ElectionInput) -> Decision:
         return Decision(Verdict.WAIT, promised, NO_NODE, "no online replica")
 
     if cand != me and won_in_a_tie(inp, cand):
-        with_grant = " with the arbitrator's grant" if inp.arbitrator_used and inp.grant_epoch == promised else ""
+        with_grant = " with the arbitrator's grant" if own_votes(inp)[1] else ""
         return Decision(
             Verdict.BECOME_MASTER,
             promised,
@@ -312,30 +326,25 @@ def decide(inp: ElectionInput) -> Decision:
             for i, v in enumerate(inp.views)
             if i != me
         )
-        # A promise can be reused only while no record carries it: a master that wrote in
-        # epoch P and lost some of it in a crash must never write a different record at the
-        # same (P, version) again, so it takes a new epoch.
-        reusable = inp.own_promise_reusable and mine.promised_master == my_node
-        if reusable and not others_below and promised > mine.last_epoch and holds_majority(inp):
-            # Another node promised my epoch to itself, but a majority promised it to me:
-            # that node can never win it, and a new epoch would only restart an election
-            # this node has won (§2.4 rule 7).
-            return Decision(
-                Verdict.BECOME_MASTER,
-                promised,
-                my_node,
-                f"a majority promised e{promised} to me; another node's own promise of it cannot win",
+        fresh = own_promise_fresh(inp)
+        votes, grant = own_votes(inp)
+        if fresh and holds_majority(inp):
+            # With others_below, the count the candidate always made. Without it (§2.4 rule
+            # 7): another node promised my epoch to itself, but a majority promised it to
+            # me; that node can never win it, and a new epoch would only restart an
+            # election this node has won.
+            reason = (
+                f"{votes} promises, arbitrator grant {grant}"
+                if others_below
+                else f"a majority promised e{promised} to me; another node's own promise of it cannot win"
             )
-        if not reusable or not others_below or promised <= mine.last_epoch:
+            return Decision(Verdict.BECOME_MASTER, promised, my_node, reason)
+        if not fresh or not others_below:
             epoch = next_epoch(inp.views)
             held = before_announcing(inp, epoch, online_count)
             if held is not None:
                 return held
             return Decision(Verdict.ANNOUNCE, epoch, my_node, "highest (epoch, version) online")
-        votes = promises_for(inp.views, inp.online, promised, my_node)
-        grant = 1 if inp.arbitrator_used and inp.grant_epoch == promised else 0
-        if is_majority(votes + grant, n, inp.arbitrator_used):
-            return Decision(Verdict.BECOME_MASTER, promised, my_node, f"{votes} promises, arbitrator grant {grant}")
         if inp.arbitrator_used and not grant:
             return Decision(Verdict.REQUEST_GRANT, promised, my_node, f"{votes} promises, need the arbitrator")
         return Decision(Verdict.WAIT, promised, my_node, f"{votes} promises so far")
