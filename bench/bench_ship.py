@@ -34,6 +34,10 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
 With --pairs N, steps 1 and 2 run N times in turn (rsync, then one first full ship per
 --replicas into a fresh receiver) and each ratio's median over the pairs is printed: rsync's
 own time moves by a factor of 2-3 between consecutive runs on the test VM.
+Every step's copy (rsync's, each receiver's) stays on disk until the run ends (KEEP_TREES
+below: on a file system without a journal, creating files just after removing many is
+slower, and the step after a removal paid for it); a run started within five minutes of
+another's end pays for that one's removal in its first step, so leave that gap.
 Prints each figure as it is measured, then a table (the figures of one run go to
 docs/benchmarks.md). A first full ship that fails is a figure too (FAILED, with the
 command's last line; the steps after it still run) and makes the exit code 1.
@@ -197,6 +201,15 @@ def rsync_baseline(src: str, base: str, dst_name: str = "rsync-dst") -> tuple[fl
     return secs, cpu, time.monotonic() - t0
 
 
+# KEEP_TREES: no step's copy is removed before the run ends. On ext4 without a journal (the
+# test VM's root file system) every inode allocation skips the inodes freed in the last 60 to
+# 300 s one by one (the kernel's `recently_deleted` check), so a step that followed the
+# removal of the previous step's 4,000 files and directories paid 0.3-0.4 ms per file it
+# created: 0.8 s against 4.1 s for 4,000 directories of one file each, fresh against just
+# after a removal of 8,000 (docs/benchmarks.md §Shipping, eighth session). Which step paid
+# depended on the order of the steps, not on the programs measured.
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=2000, help="archived files in the edge directory (2000)")
@@ -245,7 +258,6 @@ def main() -> int:
                      f"{rs:.2f} s, {size / rs / 1e6:.0f} MB/s, {rs_cpu:.2f} CPU s")
                 note("rsync, then sync (its copy on stable storage)" + tag,
                      f"{rs + rs_sync:.2f} s, {size / (rs + rs_sync) / 1e6:.0f} MB/s (the sync {rs_sync:.2f} s)")
-                shutil.rmtree(os.path.join(base, f"rsync-dst{pair}"), ignore_errors=True)
             else:
                 note("rsync baseline", "skipped: " + ("rsync is not installed" if args.rsync else "--no-rsync"))
             for n in [int(x) for x in args.replicas.split(",") if x]:
@@ -293,8 +305,7 @@ def main() -> int:
                          f"{statistics.median(inside):.0f} ms in the round ({statistics.median(whole):.0f} ms with"
                          f" process start){each}, {received_bytes(recv) - before:.0f} file bytes received")
                 finally:
-                    recv.close()
-                    shutil.rmtree(os.path.join(base, f"recv{n}-{pair}"), ignore_errors=True)
+                    recv.close()    # its tree stays until the end (KEEP_TREES)
         if args.pairs > 1:
             for what, values in ratios.items():
                 note(f"first full ship, {what}, median of {len(values)} pairs",
