@@ -34,10 +34,8 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
 With --pairs N, steps 1 and 2 run N times in turn (rsync, then one first full ship per
 --replicas into a fresh receiver) and each ratio's median over the pairs is printed: rsync's
 own time moves by a factor of 2-3 between consecutive runs on the test VM.
-Every step's copy (rsync's, each receiver's) stays on disk until the run ends (KEEP_TREES
-below: on a file system without a journal, creating files just after removing many is
-slower, and the step after a removal paid for it); a run started within five minutes of
-another's end pays for that one's removal in its first step, so leave that gap.
+Every step's copy stays on disk until the run ends (KEEP_TREES below); leave five minutes
+between runs, or the first step pays for the last run's removal.
 Prints each figure as it is measured, then a table (the figures of one run go to
 docs/benchmarks.md). A first full ship that fails is a figure too (FAILED, with the
 command's last line; the steps after it still run) and makes the exit code 1.
@@ -204,8 +202,8 @@ def rsync_baseline(src: str, base: str, dst_name: str = "rsync-dst") -> tuple[fl
 # KEEP_TREES: no step's copy is removed before the run ends. On ext4 without a journal (the
 # test VM's root file system) every inode allocation skips the inodes freed in the last 60 to
 # 300 s one by one (the kernel's `recently_deleted` check), so a step that followed the
-# removal of the previous step's 4,000 files and directories paid 0.3-0.4 ms per file it
-# created: 0.8 s against 4.1 s for 4,000 directories of one file each, fresh against just
+# removal of the previous step's 4,000 files and directories paid about 0.8 ms more per
+# file it created: 0.8 s against 4.1 s for 4,000 directories of one file each, fresh against just
 # after a removal of 8,000 (docs/benchmarks.md §Shipping, eighth session). Which step paid
 # depended on the order of the steps, not on the programs measured.
 
