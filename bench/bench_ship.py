@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from vrepl.child import free_port, python_argv
 from vrepl.node.local import LocalCluster
-from vrepl.vnode.files import PARQUET_COMPRESSION, ArchivedFile, Manifest, file_magic
+from vrepl.vnode.files import ArchivedFile, Manifest, file_magic, parquet_options
 
 SECRET = "bench-ship-secret-0123456789"
 SPAN_MS = 864_000_000
@@ -81,7 +81,7 @@ def make_edge(path: str, files: int, file_kib: int, prefix: str = "t") -> int:
         name = f"data/{table}/b0-v{k + 1}.parquet"
         full = os.path.join(path, name)
         os.makedirs(os.path.dirname(full), exist_ok=True)
-        pq.write_table(t, full, compression=PARQUET_COMPRESSION)
+        pq.write_table(t, full, **parquet_options(t.column_names))
         with open(full, "rb") as fh:
             raw = fh.read()
         total += len(raw)
@@ -225,6 +225,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=1, help="steps 1 and 2 this many times in turn (rsync, then a"
                     " first full ship per --replicas), and the median of the ratios (1)")
     args = ap.parse_args()
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)
     base = tempfile.mkdtemp(prefix="bench-ship-", dir=args.dir)
     out: list[tuple[str, str]] = []
 

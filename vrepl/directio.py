@@ -2,8 +2,9 @@
 
 Owns: `SequentialWriter`, which writes a file front to back from a position, in pieces of any
 size, through `O_DIRECT` when the file system takes it (ext4, xfs) and through ordinary
-writes when not (tmpfs on older kernels, a descriptor that refuses the flag), and
-`DIRECT_BLOCK_BYTES`, the alignment it keeps.
+writes when not (tmpfs on older kernels, a descriptor that refuses the flag),
+`DIRECT_BLOCK_BYTES`, the alignment it keeps, and `drop_cached()`, which lets the kernel
+drop a durable file's pages from the page cache.
 
 Why (docs/vnode.md §9.3 step 3, docs/restore.md §9): a replica that receives a file it will
 not read soon (a slave fetching a round's files, a restoring replica) paid most of its
@@ -246,6 +247,29 @@ class SequentialWriter:
                 _give_back(view)
         self._buf = self._spare = memoryview(b"")
         self.direct = False
+
+
+def drop_cached(path: str) -> None:
+    """Let the kernel drop the page-cache pages of the file at `path` (POSIX_FADV_DONTNEED;
+    only clean pages go, so the caller fsynced it first). Advice only: a file that is gone
+    or a file system without it is left as it is.
+
+    Why (docs/vnode.md §9.3 step 5): an ingested file's master wrote every byte through the
+    page cache (it serves them to the slaves) and reads it again only for queries. Kept, a
+    ship of GiBs pushes the node's hot pages out, and each new page costs more than a
+    reused one: on this project's VMs, whose memory the host backs on first touch and takes
+    back when freed, 2,000 files of 1 MiB written and fsynced took 5.8 s (4.3 system CPU s)
+    kept and 2.5 s (1.2) dropped after each fsync, the same pages reused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _set_direct(fd: int, on: bool) -> bool:

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from vrepl.directio import DIRECT_BLOCK_BYTES, SequentialWriter
+from vrepl.directio import DIRECT_BLOCK_BYTES, SequentialWriter, drop_cached
+from vrepl.testing.pagecache import page_cache_drops, resident_pages
 
 
 def _write(path: str, data: bytes, start: int, pieces: list[int], **kw) -> SequentialWriter:
@@ -151,3 +152,19 @@ def test_a_refused_flag_is_logged_once_as_a_warning(caplog):
     assert [rec.levelname for rec in records] == ["WARNING", "DEBUG"]
     assert records[0].event == "direct_io_fallback"
     assert "refuses O_DIRECT" in records[0].getMessage()
+
+
+def test_drop_cached_takes_a_durable_file_out_of_the_page_cache(tmp_path):
+    if not page_cache_drops(str(tmp_path)):
+        pytest.skip("this file system keeps a file's pages (tmpfs)")
+    path = str(tmp_path / "f")
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(64 << 10))
+        fh.flush()
+        os.fsync(fh.fileno())
+    assert resident_pages(path) == (16, 16)
+    drop_cached(path)
+    assert resident_pages(path) == (0, 16)
+    with open(path, "rb") as fh:        # the bytes are the file's, read back from disk
+        assert len(fh.read()) == 64 << 10
+    drop_cached(str(tmp_path / "absent"))   # advice only: nothing to drop is no error

@@ -19,6 +19,7 @@ from vrepl.vnode import ApplyError, PayloadError, Vnode, VnodeConfig, VnodeError
 from vrepl.vnode import staging as S
 from vrepl.vnode.files import MANIFEST_NAME
 from vrepl.testing.ingestfiles import ORIGIN_COLUMNS, origin_rows, write_round_file
+from vrepl.testing.pagecache import page_cache_drops, resident_pages
 from vrepl.wal import WalOptions, WalWriter
 
 pytestmark = pytest.mark.timeout(60)
@@ -282,6 +283,26 @@ def test_round_is_invisible_until_its_version_is_committed_then_ranks_by_it(tmp_
     v2.recover()
     assert xs(v2.query("t", 0, 10))[:4] == [(0, 0, "o"), (1, 55, "later"), (2, 99, "later"),
                                            (3, 77, "later")]
+
+
+def test_an_applied_round_leaves_the_page_cache(tmp_path):
+    """The master wrote the round's bytes through the page cache; once the manifest names
+    them they are read again only by queries, so the apply drops them (vrepl/directio.py
+    drop_cached). The rows stay readable, from disk."""
+    if not page_cache_drops(str(tmp_path)):
+        pytest.skip("this file system keeps a file's pages (tmpfs)")
+    v = Vnode(str(tmp_path), CFG)
+    wal = open_wal(v.path)
+    iv, _ = ingest(v, wal, [("t", origin_rows(2000)), ("u", origin_rows(10))])
+    (p,) = v.pending_ingests()
+    staged = [S.abspath(v.path, p.record.staged_name(k)) for k in range(2)]
+    assert all(resident_pages(f)[0] > 0 for f in staged)    # written and fsynced: cached
+    v.flush(None, iv)
+    archived = [v._store.abspath(f.name) for f in v._store.manifest.files if f.ingest_version]
+    assert len(archived) == 2
+    assert [resident_pages(f)[0] for f in archived] == [0, 0]
+    assert xs(v.query("t", 0, 3)) == [(0, 0, "o"), (1, 1, "o"), (2, 2, "o")]
+    v.close(None, iv)
 
 
 def test_unstaged_round_holds_the_archive_below_it(tmp_path):

@@ -140,6 +140,14 @@ def test_flush_writes_files_with_contiguous_indexes_and_crc_magic(tmp_path):
     assert tbl.schema.field("ts").type == pa.timestamp("ms")
     assert tbl.column("_version").to_pylist() == [1, 2]
     assert tbl.column("_epoch").to_pylist() == [1, 3]
+    # docs/vnode.md §4: zstd everywhere, ts delta-encoded (sorted and unique), the other
+    # columns dictionary-encoded.
+    col = {c.path_in_schema: c for c in
+           (pq.ParquetFile(tmp_path / a0["name"]).metadata.row_group(0).column(i) for i in range(4))}
+    assert {c.compression for c in col.values()} == {"ZSTD"}
+    assert "DELTA_BINARY_PACKED" in col["ts"].encodings
+    assert "RLE_DICTIONARY" not in col["ts"].encodings
+    assert "RLE_DICTIONARY" in col["x"].encodings
     assert not [p for p in tmp_path.rglob("*.tmp")]
     assert v.flush() == []   # nothing new
 

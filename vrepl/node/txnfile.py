@@ -40,7 +40,7 @@ from vrepl.txn.machine import PREPARE
 from vrepl.txn.record import TxnRecord, encode_txn_payload
 from vrepl.vnode import staging as S
 from vrepl.vnode.config import VnodeConfig
-from vrepl.vnode.files import ARROW_TYPES, arrow_schema
+from vrepl.vnode.files import ARROW_TYPES, arrow_schema, parquet_options
 from vrepl.vnode.rows import TABLE_NAME_RE
 
 log = logging.getLogger("vrepl.node")
@@ -167,7 +167,8 @@ def archived_files(full: str, name: str, table: str, origin: str, cfg: VnodeConf
         for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(ts)]):
             part_name = f"{name}.b{int(buckets[lo])}.parquet"
             part = os.path.join(os.path.dirname(full), part_name)
-            pq.write_table(tbl.slice(lo, hi - lo), part)
+            # As the vnode writes its own files (zstd, ts delta-encoded).
+            pq.write_table(tbl.slice(lo, hi - lo), part, **parquet_options(tbl.column_names))
             sources.append(part)
             reason, entry = S.check_file(part, part_name, table, "", cfg, schemas)
             if reason is not None or entry is None:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vrepl.vnode.files import ARROW_TYPES, PARQUET_COMPRESSION
+from vrepl.vnode.files import ARROW_TYPES, parquet_options
 
 
 def write_round_file(path: str, rows: Sequence[tuple[int, int, int, dict[str, Any]]],
@@ -29,8 +29,7 @@ def write_round_file(path: str, rows: Sequence[tuple[int, int, int, dict[str, An
     for c, t in columns.items():
         arrays.append(pa.array([r[3].get(c) for r in rows], ARROW_TYPES[t]))
         names.append(c)
-    pq.write_table(pa.Table.from_arrays(arrays, names=names), path,
-                   compression=PARQUET_COMPRESSION)
+    pq.write_table(pa.Table.from_arrays(arrays, names=names), path, **parquet_options(names))
     return path
 
 

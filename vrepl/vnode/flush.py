@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from vrepl.directio import drop_cached
 from vrepl.killpoints import killpoint, register
 from vrepl.vnode import staging as S
 from vrepl.vnode.errors import VnodeError
@@ -186,6 +187,7 @@ class VnodeFlush:
                     epoch = max(old.archived_epoch, mem.max_epoch if mem is not None else 0,
                                 ingest.epoch if ingest is not None else 0)
                     schemas = copy.deepcopy(self._schemas)
+                linked: list[ArchivedFile] = []
                 try:
                     wmem = mem
                     # A published transaction's inline rows (docs/transactions.md §4.1) go
@@ -208,7 +210,8 @@ class VnodeFlush:
                         # are deleted once it is durable (as superseded files are).
                         files, removed = S.apply_removes(files, ingest.record.removes)
                         superseded = superseded + removed
-                        files += self._link_round(ingest)
+                        linked = self._link_round(ingest)
+                        files += linked
                         killpoint(KP_APPLY_LINK)
                 except BaseException:
                     if mem is not None:
@@ -230,6 +233,10 @@ class VnodeFlush:
                 archived = cut
                 if ingest is not None:
                     killpoint(KP_APPLY_MANIFEST)
+                    # Fsynced when staged, read again only by queries: out of the page cache
+                    # (vrepl/directio.py drop_cached says why).
+                    for f in linked:
+                        drop_cached(self._store.abspath(f.name))
                     # Durable in the manifest: the staged copies may go (a crash before this
                     # leaves them to clean_staging at the next open).
                     for rid in getattr(ingest.record, "staged_rounds", (ingest.record.round,)):
