@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -303,6 +304,30 @@ def test_an_applied_round_leaves_the_page_cache(tmp_path):
     assert [resident_pages(f)[0] for f in archived] == [0, 0]
     assert xs(v.query("t", 0, 3)) == [(0, 0, "o"), (1, 1, "o"), (2, 2, "o")]
     v.close(None, iv)
+
+
+def test_a_limited_query_is_the_first_rows_of_the_whole_answer(tmp_path):
+    """`query(limit=L)` cuts each source (file, round, memtable) to its first L rows before
+    the merge: the answer must be the unlimited answer's first L rows, whichever source
+    holds them and whichever wins a ts."""
+    rng = random.Random(5)
+    v = Vnode(str(tmp_path), CFG)
+    wal = open_wal(v.path)
+    for _ in range(3):      # flushed writes: files of their own, overlapping in ts
+        write(v, wal, [("t", rng.randrange(200), {"x": rng.randrange(99), "tag": "w"})
+                       for _ in range(40)])
+        v.flush(None, v.get_version())
+    iv, _ = ingest(v, wal, [("t", origin_rows(30, ts0=rng.randrange(50), step=3))])
+    v.flush(None, iv)                                   # an ingested file, ranked by iv
+    write(v, wal, [("t", rng.randrange(200), {"x": -1, "tag": "m"}) for _ in range(30)])
+    whole = v.query("t", 0, 1 << 40)
+    assert len(whole) > 60 and {r["tag"] for r in whole} == {"w", "o", "m"}
+    for limit in (1, 2, 7, 30, 59, len(whole), len(whole) + 5):
+        assert v.query("t", 0, 1 << 40, limit=limit) == whole[:limit], limit
+    start = whole[10]["ts"]
+    inner = v.query("t", start, 1 << 40)
+    assert v.query("t", start, 1 << 40, limit=9) == inner[:9]
+    v.close(None, v.get_version())
 
 
 def test_unstaged_round_holds_the_archive_below_it(tmp_path):

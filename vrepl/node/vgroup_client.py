@@ -291,7 +291,10 @@ class VgroupClientApi:
                 await asyncio.sleep(0.01)
         seen: list[int] = []
         try:
-            rows = await self.loop.run_in_executor(None, vnode.query, table, start, end, seen)
+            # One row past the limit says whether the answer is truncated. "As of V" leaves
+            # rows out after the merge, so it cannot stop early (docs/client-api.md §Read).
+            rows = await self.loop.run_in_executor(None, vnode.query, table, start, end, seen,
+                                                   limit + 1 if as_of is None else None)
             exists = bool(rows) or vnode.has_table(table)
         except VnodeClosedError:
             if self.state != SERVING:

@@ -101,14 +101,16 @@ class Memtable:
         if self.first_write_at is None:
             self.first_write_at = now
 
-    def range(self, table: str, start: int, end: int) -> list[tuple[int, MemRow]]:
-        """(ts, (version, epoch, values)) for start <= ts < end, in ts order, newest per ts.
-        `values` holds every column the table's log has (None where the row has none)."""
+    def range(self, table: str, start: int, end: int, limit: int | None = None
+              ) -> list[tuple[int, MemRow]]:
+        """(ts, (version, epoch, values)) for start <= ts < end, in ts order, newest per ts;
+        the first `limit` of them when given. `values` holds every column the table's log
+        has (None where the row has none)."""
         log = self.tables.get(table)
         if log is None or end <= start:
             return []
         ts, ver, ep = log.arrays()
-        pos = newest_positions(ts, log.increasing, start, end)
+        pos = newest_positions(ts, log.increasing, start, end)[:limit]
         if not len(pos):
             return []
         n = log.n

@@ -97,14 +97,21 @@ class VnodeQuery:
                      "archived_rows": archived.get(t, 0), "memtable_rows": mem.get(t, 0)}
                     for t in sorted(archived.keys() | mem.keys())]
 
-    def query(self, table: str, start: int, end: int, seen: list[int] | None = None
-              ) -> list[dict[str, Any]]:
-        """Rows of `table` with start <= ts < end, in ts order, newest version per ts.
+    def query(self, table: str, start: int, end: int, seen: list[int] | None = None,
+              limit: int | None = None) -> list[dict[str, Any]]:
+        """Rows of `table` with start <= ts < end, in ts order, newest version per ts; with
+        `limit`, only the first `limit` of them.
 
         Each row is {"ts", "_version", "_epoch", <every column of the table's schema>}
         (None where a row has no value). Archived files are verified (size, magic) as read.
         `seen`, when given, gets the applied version the rows were taken at (the visible
         version: every published transaction up to it, docs/transactions.md §4).
+        `limit` is applied to each source before its rows become Python objects: each one
+        (a file, the memtable) holds a ts once and in order, so the first `limit` ts of the
+        merge are among each source's first `limit`, and every row that competes for one of
+        them is kept. Without it, a read of one row of a table holding a 100 MiB file
+        turned every row into a dict, for seconds with the GIL held: the node's I/O thread
+        starved and the replica lost its role (docs/benchmarks.md §Transactions, bulk).
         """
         if type(table) is not str or R.TABLE_NAME_RE.fullmatch(table) is None:
             raise VnodeError(f"table name {table!r} does not match {R.TABLE_NAME_RULE}")
@@ -115,8 +122,8 @@ class VnodeQuery:
         for attempt in range(QUERY_RETRIES):
             with self._lock:
                 self._check_open()
-                mem_rows = self._mem.range(table, start, end)
-                imem_rows = self._imem.range(table, start, end) if self._imem else []
+                mem_rows = self._mem.range(table, start, end, limit)
+                imem_rows = self._imem.range(table, start, end, limit) if self._imem else []
                 files = self._store.files_of(table, lo, hi)
                 held_rows = []
                 # Rounds applied and not yet archived, read as their flush will archive
@@ -132,7 +139,7 @@ class VnodeQuery:
                               if f.table == table and lo <= f.bucket <= hi]
                     held = self._held_rows(p)
                     if held is not None:
-                        held_rows += held.range(table, start, end)
+                        held_rows += held.range(table, start, end, limit)
                 columns = dict(self._schemas.get(table, {}))
                 if seen is not None:
                     seen.append(self.applied_version)
@@ -155,6 +162,8 @@ class VnodeQuery:
                 tbl = conform(tbl, qschema)
                 ts = tbl.column("ts")
                 tbl = tbl.filter(pc.and_(pc.greater_equal(ts, start), pc.less(ts, end)))
+                if limit is not None:
+                    tbl = tbl.slice(0, limit)
                 for row in tbl.to_pylist():
                     r = rank(f, row["_version"])
                     prev = ranks.get(row["ts"])
@@ -184,4 +193,4 @@ class VnodeQuery:
             if prev is not None and prev > version:
                 continue
             out[ts] = as_row(ts, version, epoch, values)
-        return [out[ts] for ts in sorted(out)]
+        return [out[ts] for ts in sorted(out)[:limit]]

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vrepl._core.crc32c import crc32c
@@ -558,7 +557,7 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
         return f"{name}: no rows", None
     if any(keys.column(c).null_count for c in want):
         return f"{name}: ts, _version and _epoch must not be null", None
-    ts = pc.cast(keys.column("ts"), pa.int64()).to_numpy()
+    ts = _int64s(keys.column("ts"))
     if n > 1 and not bool((ts[1:] > ts[:-1]).all()):
         return f"{name}: ts is not strictly increasing (one row per ts, sorted)", None
     ts_min, ts_max = int(ts[0]), int(ts[-1])
@@ -569,12 +568,17 @@ def check_file(full: str, name: str, table: str, origin: str, cfg: VnodeConfig,
     if ts_max // span != bucket:
         return (f"{name}: ts {ts_min}..{ts_max} spans buckets {bucket}..{ts_max // span} of"
                 f" file_span_ms {cfg.file_span_ms} (one bucket per file: split it)"), None
-    ver, ep = keys.column("_version"), keys.column("_epoch")
-    vmin, vmax = pc.min_max(ver).values()
-    emin, emax = pc.min_max(ep).values()
+    ver, ep = _int64s(keys.column("_version")), _int64s(keys.column("_epoch"))
     return None, IngestEntry(name, table, bucket, got_size, got_magic, n, ts_min, ts_max,
-                             vmin.as_py(), vmax.as_py(), emin.as_py(), emax.as_py(), origin,
-                             columns)
+                             int(ver.min()), int(ver.max()), int(ep.min()), int(ep.max()),
+                             origin, columns)
+
+
+def _int64s(col: pa.ChunkedArray) -> Any:
+    """A key column without nulls as numpy int64 (a view when it is one chunk): no
+    pyarrow.compute call, each of which gives the GIL up and waits to take it back."""
+    arr = col.to_numpy()
+    return arr.view("int64") if arr.dtype.kind == "M" else arr
 
 
 def round_invalid(entries: list[IngestEntry], removes: int = 0) -> str | None:
