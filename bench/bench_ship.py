@@ -2,14 +2,17 @@
 
     python bench/bench_ship.py [--files 2000] [--file-kib 1024] [--replicas 1,3] [--senders 8]
                                [--cut-mib 1024] [--dir DIR] [--edge DIR] [--idle-rounds 1] [--no-rsync]
-                               [--pairs 1]
+                               [--pairs 1] [--warm-mib MIB]
 
 An edge vnode directory of --files archived Parquet files of about --file-kib KiB each (one
 table per file, random string values, so compression leaves the size) is written once (its
 manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
 
 0. the edge's files are read once, so every step starts from the page cache (the time it
-   took says whether they were cold).
+   took says whether they were cold); and right before each rsync and each first full ship,
+   --warm-mib MiB (default: the edge's size) are written, fsynced, dropped from the page
+   cache and removed, so each finds as many recently freed pages as the other
+   (free_recent_pages says why).
 1. rsync baseline: `rsync -a --whole-file` of the edge's data/ to an rsync daemon (skipped
    when rsync is not installed: tools/install_system_deps.sh installs it), then `sync`
    outside rsync's timing, so the next step does not write rsync's files back. The sync is
@@ -91,6 +94,29 @@ def make_edge(path: str, files: int, file_kib: int, prefix: str = "t") -> int:
     with open(os.path.join(path, "data", "manifest.json"), "wb") as fh:
         fh.write(m.to_bytes())
     return total
+
+
+def free_recent_pages(mib: int, where: str) -> float:
+    """Write `mib` MiB into a file under `where`, fsync it, drop its pages and remove it; the
+    seconds it took. The test VM's host backs guest memory on first touch and takes freed
+    memory back (virtio-balloon free page reporting): a page-cache page that lands on such
+    memory cost about 2 s per GiB more than one the guest freed a moment before. rsync
+    keeps its copy's pages and a ship drops its own (docs/vnode.md §9.3 step 5), so
+    whichever step found recently freed pages ran up to 3 x faster (docs/benchmarks.md
+    §Shipping, ninth session): each timed step starts right after this instead. (Touching
+    and freeing anonymous memory did not do it: those pages went back to the host at once.)"""
+    t0 = time.monotonic()
+    if mib > 0:
+        path = os.path.join(where, ".free-recent-pages")
+        chunk = bytes(1 << 20)
+        with open(path, "wb") as fh:
+            for _ in range(mib):
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        os.unlink(path)
+    return time.monotonic() - t0
 
 
 def receiver(base: str, replicas: int) -> LocalCluster:
@@ -224,6 +250,8 @@ def main() -> int:
                     help="run the rsync baseline (default; --no-rsync skips it)")
     ap.add_argument("--pairs", type=int, default=1, help="steps 1 and 2 this many times in turn (rsync, then a"
                     " first full ship per --replicas), and the median of the ratios (1)")
+    ap.add_argument("--warm-mib", type=int, default=None, help="MiB written, dropped and removed right"
+                    " before each rsync and first full ship (default: the edge's size; 0: none)")
     args = ap.parse_args()
     if args.dir is not None:
         os.makedirs(args.dir, exist_ok=True)
@@ -246,11 +274,13 @@ def main() -> int:
             size = make_edge(edge, args.files, args.file_kib)
             print(f"edge: {args.files} files, {size / 2**20:.0f} MiB written in {time.monotonic() - t0:.1f} s",
                   flush=True)
+        warm_mib = args.warm_mib if args.warm_mib is not None else size >> 20
         warmed, warm_s = warm(os.path.join(edge, "data"))
         print(f"edge read into the page cache: {warmed / 2**20:.0f} MiB in {warm_s:.2f} s", flush=True)
         ratios: dict[str, list[float]] = {}
         for pair in range(max(1, args.pairs)):
             tag = f" (pair {pair + 1}/{args.pairs})" if args.pairs > 1 else ""
+            free_recent_pages(warm_mib, base)
             rs, rs_cpu, rs_sync = (rsync_baseline(os.path.join(edge, "data"), base, f"rsync-dst{pair}")
                                    if args.rsync else (None, 0.0, 0.0))
             if rs is not None:
@@ -264,6 +294,7 @@ def main() -> int:
                 recv = receiver(os.path.join(base, f"recv{n}-{pair}"), n)
                 try:
                     shutil.rmtree(os.path.join(edge, "ship"), ignore_errors=True)
+                    free_recent_pages(warm_mib, base)
                     split0, t0s = node_cpu_split(recv), os.times()
                     cpu0 = children_cpu_s() + node_cpu_s(recv)
                     secs, text, rc = ship(edge, recv)
