@@ -12,7 +12,7 @@ manifest as a vnode writes it). Then, each on 127.0.0.1 with real processes:
    took says whether they were cold); and right before each rsync and each first full ship,
    --warm-mib MiB (default: the edge's size) are written, fsynced, dropped from the page
    cache and removed, so each finds as many recently freed pages as the other
-   (free_recent_pages says why).
+   (bench/freepages.py says why).
 1. rsync baseline: `rsync -a --whole-file` of the edge's data/ to an rsync daemon (skipped
    when rsync is not installed: tools/install_system_deps.sh installs it), then `sync`
    outside rsync's timing, so the next step does not write rsync's files back. The sync is
@@ -59,6 +59,7 @@ import urllib.request
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from freepages import free_recent_pages  # noqa: E402 (bench/, the script's directory)
 from vrepl.child import free_port, python_argv
 from vrepl.node.local import LocalCluster
 from vrepl.vnode.files import ArchivedFile, Manifest, file_magic, parquet_options
@@ -94,29 +95,6 @@ def make_edge(path: str, files: int, file_kib: int, prefix: str = "t") -> int:
     with open(os.path.join(path, "data", "manifest.json"), "wb") as fh:
         fh.write(m.to_bytes())
     return total
-
-
-def free_recent_pages(mib: int, where: str) -> float:
-    """Write `mib` MiB into a file under `where`, fsync it, drop its pages and remove it; the
-    seconds it took. The test VM's host backs guest memory on first touch and takes freed
-    memory back (virtio-balloon free page reporting): a page-cache page that lands on such
-    memory cost about 2 s per GiB more than one the guest freed a moment before. rsync
-    keeps its copy's pages and a ship drops its own (docs/vnode.md §9.3 step 5), so
-    whichever step found recently freed pages ran up to 3 x faster (docs/benchmarks.md
-    §Shipping, ninth session): each timed step starts right after this instead. (Touching
-    and freeing anonymous memory did not do it: those pages went back to the host at once.)"""
-    t0 = time.monotonic()
-    if mib > 0:
-        path = os.path.join(where, ".free-recent-pages")
-        chunk = bytes(1 << 20)
-        with open(path, "wb") as fh:
-            for _ in range(mib):
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        os.unlink(path)
-    return time.monotonic() - t0
 
 
 def receiver(base: str, replicas: int) -> LocalCluster:

@@ -2,7 +2,7 @@
 docs/benchmarks.md §Transactions, "bulk").
 
     python bench/bench_txn_bulk.py [--total-mb 1024] [--files 8] [--parallel 1] [--dir /dev/shm]
-                                   [--plain]
+                                   [--plain] [--warm-mib MIB]
 
 1. txn bulk: --files archived-format Parquet files of --total-mb MiB in all (random float64
    values, one table and one bucket each, so compression leaves the size) are loaded through
@@ -16,7 +16,10 @@ docs/benchmarks.md §Transactions, "bulk").
 2. restore files phase, same run: bench/bench_restore.py's files_phase (`vrepl restore`
    pulling --total-mb MiB of archived files from a sync instance). Rate = bytes / seconds.
 Prints both rates and their ratio (target >= 0.5) and the load average. Data under --dir
-(tmpfs by default: the disk is not measured, as in bench_restore.py).
+(tmpfs by default: the disk is not measured, as in bench_restore.py). Right before each of
+the two timed steps, --warm-mib MiB are written under --dir and removed, so both find
+recently freed pages (bench/freepages.py says why: without it the restore, which follows the
+removal of the load's files, found them and the load's last puts did not).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_restore import files_phase  # noqa: E402
+from freepages import free_recent_pages  # noqa: E402
 
 from vrepl.client import Client  # noqa: E402
 from vrepl.node.local import LocalCluster  # noqa: E402
@@ -63,7 +67,7 @@ def make_files(tmp: str, total_mb: int, files: int, plain: bool) -> list[tuple[s
     return out
 
 
-def txn_bulk(tmp: str, files: list[tuple[str, str]], parallel: int) -> dict:
+def txn_bulk(tmp: str, files: list[tuple[str, str]], parallel: int, warm_mib: int) -> dict:
     c = LocalCluster(os.path.join(tmp, "cluster"), 3, vgroup=VG,
                      http={"write_timeout_ms": 120_000},
                      txn={"timeout_ms": 600_000, "max_timeout_ms": 3_600_000})
@@ -87,6 +91,7 @@ def txn_bulk(tmp: str, files: list[tuple[str, str]], parallel: int) -> dict:
                     puts.append(time.perf_counter() - p0)
 
         with Client(c.endpoints, timeout_s=300, request_timeout_s=300) as cl:
+            free_recent_pages(warm_mib, tmp)
             t0 = time.perf_counter()
             txn = cl.transaction(VG, "bulk-1", timeout_ms=600_000).begin()
             threads = [threading.Thread(target=loader, args=(k,)) for k in range(parallel)]
@@ -123,18 +128,22 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=1, help="loaders putting files at once")
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
     ap.add_argument("--plain", action="store_true", help="plain Parquet: the master converts")
+    ap.add_argument("--warm-mib", type=int, default=None, help="MiB written and removed under --dir right"
+                    " before each timed step (default: 3 x --total-mb, the copies a load writes; 0: none)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="vrepl-bench-txn-bulk-", dir=args.dir)
     try:
         print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
         files = make_files(tmp, args.total_mb, args.files, args.plain)
-        bulk = txn_bulk(tmp, files, args.parallel)
+        warm_mib = args.warm_mib if args.warm_mib is not None else 3 * args.total_mb
+        bulk = txn_bulk(tmp, files, args.parallel, warm_mib)
         print(f"txn bulk: {bulk['mb']:.0f} MiB in {bulk['seconds']:.2f} s = {bulk['mb_s']:.0f}"
               f" MiB/s (puts {', '.join(f'{s:.2f}' for s in bulk['put_s'])} s; commit"
               f" {bulk['commit_s']:.2f} s)", flush=True)
         for p, _ in files:
             os.unlink(p)
         shutil.rmtree(os.path.join(tmp, "cluster"), ignore_errors=True)
+        free_recent_pages(warm_mib, tmp)
         fp = files_phase(tmp, args.total_mb, 1.0)
         print(f"restore files phase: {fp['file_mb']:.0f} MiB in {fp['seconds']:.2f} s ="
               f" {fp['mb_s']:.0f} MiB/s", flush=True)
