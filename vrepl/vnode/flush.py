@@ -166,6 +166,7 @@ class VnodeFlush:
         files are not all staged stops the flush just below it.
         """
         written: list[ArchivedFile] = []
+        applied: list[str] = []     # the files of the rounds this flush archived
         archived = 0
         with self._flush_lock:
             with self._lock:
@@ -234,9 +235,8 @@ class VnodeFlush:
                 if ingest is not None:
                     killpoint(KP_APPLY_MANIFEST)
                     # Fsynced when staged, read again only by queries: out of the page cache
-                    # (vrepl/directio.py drop_cached says why).
-                    for f in linked:
-                        drop_cached(self._store.abspath(f.name))
+                    # once the lock is free (vrepl/directio.py drop_cached says why).
+                    applied += [self._store.abspath(f.name) for f in linked]
                     # Durable in the manifest: the staged copies may go (a crash before this
                     # leaves them to clean_staging at the next open).
                     for rid in getattr(ingest.record, "staged_rounds", (ingest.record.round,)):
@@ -244,6 +244,8 @@ class VnodeFlush:
                     killpoint(KP_APPLY_CLEANUP)
         if wal is not None and archived:
             wal.recycle(archived + 1)
+        for path in applied:
+            drop_cached(path)
         return written
 
     def _link_round(self, p: PendingIngest) -> list[ArchivedFile]:
