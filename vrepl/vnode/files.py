@@ -38,7 +38,7 @@ from vrepl.vnode.errors import ArchiveError
 LABELS_FILE_NAME = "data/txn_labels.json"
 PARQUET_COMPRESSION = "zstd"
 # `ts` is sorted and unique in every archived file: delta encoding stores a regular series
-# in a few hundred bytes and decodes it in a fifth of the time its dictionary took (30,000
+# in a few hundred bytes and decodes it in under a third of the time its dictionary took (30,000
 # rows: 0.17 against 0.57 ms; docs/benchmarks.md §Shipping, ninth session), which every
 # ingest check and query of the file pays.
 TS_ENCODING = "DELTA_BINARY_PACKED"
