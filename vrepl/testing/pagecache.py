@@ -2,7 +2,7 @@
 
 Owns: `resident_pages()` (mincore(2) over a read-only mapping of the file, through ctypes:
 the standard library has no mincore) and `page_cache_drops()` (whether the file system
-under a directory honours POSIX_FADV_DONTNEED: tmpfs keeps its pages, they are the file).
+under a directory lets `drop_cached` drop a file's pages: tmpfs keeps them, they are the file).
 Must not: read the file's bytes (a read would bring them back into the cache).
 """
 from __future__ import annotations
@@ -11,6 +11,8 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+
+from vrepl.directio import drop_cached
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -44,14 +46,14 @@ def resident_pages(path: str) -> tuple[int, int]:
 
 
 def page_cache_drops(directory: str) -> bool:
-    """Whether a written, fsynced file under `directory` leaves the page cache on
-    POSIX_FADV_DONTNEED (not on tmpfs)."""
+    """Whether a written, fsynced file under `directory` leaves the page cache through
+    `drop_cached` (not on tmpfs)."""
     probe = os.path.join(directory, ".page-cache-probe")
     with open(probe, "wb") as fh:
         fh.write(b"x" * (4 * mmap.PAGESIZE))
         fh.flush()
         os.fsync(fh.fileno())
-        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    drop_cached(probe)
     try:
         return resident_pages(probe)[0] == 0
     finally:
